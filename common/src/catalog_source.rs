@@ -1,0 +1,201 @@
+//! Where the catalog comes from, and watching it for changes.
+//!
+//! A file is polled (cheap, works on every filesystem and with editors that
+//! replace files); an etcd key is watched. A catalog that fails validation at
+//! start-up is fatal; a bad update later is logged and counted, and the last
+//! good catalog stays in force.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::catalog::Catalog;
+use crate::error::{Error, Result};
+use crate::telemetry::{CATALOG_ERRORS_TOTAL, CATALOG_RELOADS_TOTAL};
+
+const FILE_POLL: Duration = Duration::from_millis(500);
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum CatalogSource {
+    File(PathBuf),
+    Etcd { endpoints: Vec<String>, key: String },
+}
+
+impl CatalogSource {
+    /// `etcd:///<key>` or a path.
+    pub fn parse(value: &str, etcd_endpoints: Vec<String>) -> Result<Self> {
+        if let Some(key) = value.strip_prefix("etcd://") {
+            if etcd_endpoints.is_empty() {
+                return Err(Error::Config {
+                    name: "ADSPEND_CATALOG",
+                    value: value.to_string(),
+                    reason: "an etcd catalog needs ADSPEND_ETCD_ENDPOINTS".into(),
+                });
+            }
+            if !key.starts_with('/') || key.len() < 2 {
+                return Err(Error::Config {
+                    name: "ADSPEND_CATALOG",
+                    value: value.to_string(),
+                    reason: "expected etcd:///<key>, e.g. etcd:///adspend/catalog".into(),
+                });
+            }
+            return Ok(CatalogSource::Etcd {
+                endpoints: etcd_endpoints,
+                key: key.to_string(),
+            });
+        }
+        if value.is_empty() {
+            return Err(Error::Config {
+                name: "ADSPEND_CATALOG",
+                value: value.into(),
+                reason: "empty".into(),
+            });
+        }
+        Ok(CatalogSource::File(PathBuf::from(value)))
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            CatalogSource::File(path) => path.display().to_string(),
+            CatalogSource::Etcd { key, .. } => format!("etcd://{key}"),
+        }
+    }
+
+    /// Load once, then keep the returned receiver up to date until `cancel`.
+    pub async fn watch(self, cancel: CancellationToken) -> Result<watch::Receiver<Arc<Catalog>>> {
+        match self {
+            CatalogSource::File(path) => {
+                let (bytes, stamp) = read_file(&path).await?;
+                let catalog = Catalog::parse(&path.display().to_string(), &bytes)?;
+                let (tx, rx) = watch::channel(Arc::new(catalog));
+                tokio::spawn(poll_file(path, stamp, tx, cancel));
+                Ok(rx)
+            }
+            CatalogSource::Etcd { endpoints, key } => {
+                let mut client = crate::etcd::connect(&endpoints).await?;
+                let etcd_err = |op: &'static str, key: &str| {
+                    let key = key.to_string();
+                    move |e: etcd_client::Error| Error::Etcd {
+                        op,
+                        key,
+                        reason: e.to_string(),
+                    }
+                };
+                let response = client.get(key.as_str(), None).await.map_err(etcd_err("get", &key))?;
+                let kv = response.kvs().first().ok_or_else(|| Error::Catalog {
+                    source_name: format!("etcd://{key}"),
+                    reason: "key not found".into(),
+                })?;
+                let catalog = Catalog::parse(&format!("etcd://{key}"), kv.value())?;
+                let revision = response.header().map(|h| h.revision()).unwrap_or(0);
+                let (tx, rx) = watch::channel(Arc::new(catalog));
+                tokio::spawn(watch_etcd(client, key, revision, tx, cancel));
+                Ok(rx)
+            }
+        }
+    }
+}
+
+type FileStamp = (std::time::SystemTime, u64, u64);
+
+async fn read_file(path: &PathBuf) -> Result<(Vec<u8>, FileStamp)> {
+    let bytes = tokio::fs::read(path)
+        .await
+        .map_err(Error::io("read catalog", path))?;
+    let meta = tokio::fs::metadata(path)
+        .await
+        .map_err(Error::io("stat catalog", path))?;
+    let modified = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
+    let stamp = (modified, meta.len(), xxhash_rust::xxh3::xxh3_64(&bytes));
+    Ok((bytes, stamp))
+}
+
+fn publish(tx: &watch::Sender<Arc<Catalog>>, source: &str, bytes: &[u8]) {
+    match Catalog::parse(source, bytes) {
+        Ok(catalog) => {
+            tracing::info!(source, limits = catalog.limits.len(), ads = catalog.ads.len(), "catalog reloaded");
+            metrics::counter!(CATALOG_RELOADS_TOTAL).increment(1);
+            tx.send_replace(Arc::new(catalog));
+        }
+        Err(e) => {
+            tracing::error!(source, error = %e, "catalog update rejected; keeping the previous catalog");
+            metrics::counter!(CATALOG_ERRORS_TOTAL).increment(1);
+        }
+    }
+}
+
+async fn poll_file(path: PathBuf, mut stamp: FileStamp, tx: watch::Sender<Arc<Catalog>>, cancel: CancellationToken) {
+    let source = path.display().to_string();
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(FILE_POLL) => {}
+        }
+        match read_file(&path).await {
+            Ok((bytes, new_stamp)) if new_stamp.2 != stamp.2 => {
+                stamp = new_stamp;
+                publish(&tx, &source, &bytes);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                // Editors replace files by rename; a missing file for one poll is normal.
+                tracing::debug!(error = %e, "catalog file not readable");
+            }
+        }
+    }
+}
+
+async fn watch_etcd(
+    mut client: etcd_client::Client,
+    key: String,
+    mut revision: i64,
+    tx: watch::Sender<Arc<Catalog>>,
+    cancel: CancellationToken,
+) {
+    let source = format!("etcd://{key}");
+    loop {
+        let options = etcd_client::WatchOptions::new().with_start_revision(revision + 1);
+        let watch = tokio::select! {
+            _ = cancel.cancelled() => return,
+            w = client.watch(key.as_str(), Some(options)) => w,
+        };
+        let mut stream = match watch {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, key, "catalog watch failed; retrying");
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                }
+            }
+        };
+        loop {
+            let message = tokio::select! {
+                _ = cancel.cancelled() => return,
+                m = stream.message() => m,
+            };
+            match message {
+                Ok(Some(response)) => {
+                    for event in response.events() {
+                        if let Some(kv) = event.kv() {
+                            revision = revision.max(kv.mod_revision());
+                            if event.event_type() == etcd_client::EventType::Put {
+                                publish(&tx, &source, kv.value());
+                            } else {
+                                tracing::error!(key, "catalog key deleted; keeping the previous catalog");
+                                metrics::counter!(CATALOG_ERRORS_TOTAL).increment(1);
+                            }
+                        }
+                    }
+                }
+                Ok(None) | Err(_) => {
+                    tracing::warn!(key, "catalog watch ended; re-establishing");
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! Checkpoint records: where the last snapshot is and which stream sequence
+//! it covers, written with a compare-and-swap on the owner epoch so that a
+//! stale aggregator cannot overwrite a newer owner's record (DESIGN.md rule 5:
+//! leases are not mutual exclusion, so every write is fenced).
+//!
+//! Two backends: etcd (`Txn` comparing the epoch key) and, in single-machine
+//! mode, files in the data directory replaced by fsynced atomic rename.
+
+use std::path::{Path, PathBuf};
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointRecord {
+    pub checkpoint_id: u64,
+    /// Last `SPEND` sequence applied in the snapshot.
+    pub seq: u64,
+    pub snapshot_key: String,
+    pub checksum: String,
+    pub size_bytes: u64,
+    pub epoch: u64,
+    /// Identity of the LMDB history the snapshot belongs to.
+    pub lineage: String,
+    pub created_ms: i64,
+}
+
+pub enum CheckpointStore {
+    Etcd {
+        client: etcd_client::Client,
+        epoch_key: String,
+        record_key: String,
+        shard: String,
+    },
+    Local {
+        dir: PathBuf,
+        shard: String,
+    },
+}
+
+impl std::fmt::Debug for CheckpointStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CheckpointStore::Etcd { record_key, .. } => write!(f, "etcd:{record_key}"),
+            CheckpointStore::Local { dir, .. } => write!(f, "file:{}", dir.display()),
+        }
+    }
+}
+
+fn etcd_err(op: &'static str, key: &str) -> impl FnOnce(etcd_client::Error) -> Error {
+    let key = key.to_string();
+    move |e| Error::Etcd {
+        op,
+        key,
+        reason: e.to_string(),
+    }
+}
+
+fn parse_epoch(bytes: &[u8]) -> u64 {
+    std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+impl CheckpointStore {
+    /// etcd when endpoints are given, else files under `data_dir/checkpoint`.
+    pub async fn open(etcd_endpoints: &[String], data_dir: &Path, shard: &str) -> Result<Self> {
+        if etcd_endpoints.is_empty() {
+            let dir = data_dir.join("checkpoint");
+            std::fs::create_dir_all(&dir).map_err(Error::io("create", &dir))?;
+            return Ok(CheckpointStore::Local {
+                dir,
+                shard: shard.to_string(),
+            });
+        }
+        let client = crate::etcd::connect(etcd_endpoints).await?;
+        Ok(CheckpointStore::Etcd {
+            client,
+            epoch_key: format!("/adspend/shards/{shard}/epoch"),
+            record_key: format!("/adspend/shards/{shard}/checkpoint"),
+            shard: shard.to_string(),
+        })
+    }
+
+    /// Take ownership: atomically increment the shard's owner epoch and return
+    /// it. Every later write of the previous owner fails its comparison.
+    pub async fn acquire_epoch(&mut self) -> Result<u64> {
+        match self {
+            CheckpointStore::Etcd {
+                client, epoch_key, ..
+            } => loop {
+                let current = client
+                    .get(epoch_key.as_str(), None)
+                    .await
+                    .map_err(etcd_err("get", epoch_key))?;
+                let (epoch, compare) = match current.kvs().first() {
+                    Some(kv) => (
+                        parse_epoch(kv.value()),
+                        Compare::mod_revision(epoch_key.as_str(), CompareOp::Equal, kv.mod_revision()),
+                    ),
+                    None => (0, Compare::create_revision(epoch_key.as_str(), CompareOp::Equal, 0)),
+                };
+                let next = epoch + 1;
+                let txn = Txn::new()
+                    .when(vec![compare])
+                    .and_then(vec![TxnOp::put(epoch_key.as_str(), next.to_string(), None)]);
+                let response = client.txn(txn).await.map_err(etcd_err("txn", epoch_key))?;
+                if response.succeeded() {
+                    return Ok(next);
+                }
+            },
+            CheckpointStore::Local { dir, .. } => {
+                let path = dir.join("epoch");
+                let epoch = match std::fs::read(&path) {
+                    Ok(bytes) => parse_epoch(&bytes),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+                    Err(e) => return Err(Error::io("read", &path)(e)),
+                };
+                let next = epoch + 1;
+                write_atomic(&path, next.to_string().as_bytes())?;
+                Ok(next)
+            }
+        }
+    }
+
+    /// The shard's current owner epoch (0 if none was ever acquired).
+    pub async fn current_epoch(&mut self) -> Result<u64> {
+        match self {
+            CheckpointStore::Etcd {
+                client, epoch_key, ..
+            } => {
+                let response = client
+                    .get(epoch_key.as_str(), None)
+                    .await
+                    .map_err(etcd_err("get", epoch_key))?;
+                Ok(response.kvs().first().map(|kv| parse_epoch(kv.value())).unwrap_or(0))
+            }
+            CheckpointStore::Local { dir, .. } => {
+                let path = dir.join("epoch");
+                match std::fs::read(&path) {
+                    Ok(bytes) => Ok(parse_epoch(&bytes)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+                    Err(e) => Err(Error::io("read", &path)(e)),
+                }
+            }
+        }
+    }
+
+    pub async fn load(&mut self) -> Result<Option<CheckpointRecord>> {
+        let (source, bytes) = match self {
+            CheckpointStore::Etcd {
+                client, record_key, ..
+            } => {
+                let response = client
+                    .get(record_key.as_str(), None)
+                    .await
+                    .map_err(etcd_err("get", record_key))?;
+                match response.kvs().first() {
+                    Some(kv) => (record_key.clone(), kv.value().to_vec()),
+                    None => return Ok(None),
+                }
+            }
+            CheckpointStore::Local { dir, .. } => {
+                let path = dir.join("checkpoint.json");
+                match std::fs::read(&path) {
+                    Ok(bytes) => (path.display().to_string(), bytes),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(Error::io("read", &path)(e)),
+                }
+            }
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::Decode {
+                what: "checkpoint record",
+                reason: format!("{source}: {e}"),
+            })
+    }
+
+    /// Record a checkpoint if and only if `record.epoch` is still the owner
+    /// epoch; otherwise [`Error::Fenced`].
+    pub async fn commit(&mut self, record: &CheckpointRecord) -> Result<()> {
+        let json = serde_json::to_vec(record).expect("a record always serializes");
+        match self {
+            CheckpointStore::Etcd {
+                client,
+                epoch_key,
+                record_key,
+                shard,
+            } => {
+                let txn = Txn::new()
+                    .when(vec![Compare::value(
+                        epoch_key.as_str(),
+                        CompareOp::Equal,
+                        record.epoch.to_string(),
+                    )])
+                    .and_then(vec![TxnOp::put(record_key.as_str(), json, None)])
+                    .or_else(vec![TxnOp::get(epoch_key.as_str(), None)]);
+                let response = client.txn(txn).await.map_err(etcd_err("txn", record_key))?;
+                if response.succeeded() {
+                    return Ok(());
+                }
+                let current = response
+                    .op_responses()
+                    .into_iter()
+                    .find_map(|op| match op {
+                        etcd_client::TxnOpResponse::Get(get) => get
+                            .kvs()
+                            .first()
+                            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+                        _ => None,
+                    })
+                    .unwrap_or_else(|| "<none>".into());
+                Err(Error::Fenced {
+                    shard: shard.clone(),
+                    ours: record.epoch,
+                    current,
+                })
+            }
+            CheckpointStore::Local { dir, shard } => {
+                let current = {
+                    let path = dir.join("epoch");
+                    std::fs::read(&path)
+                        .map(|b| parse_epoch(&b))
+                        .map_err(Error::io("read", &path))?
+                };
+                if current != record.epoch {
+                    return Err(Error::Fenced {
+                        shard: shard.clone(),
+                        ours: record.epoch,
+                        current: current.to_string(),
+                    });
+                }
+                write_atomic(&dir.join("checkpoint.json"), &json)
+            }
+        }
+    }
+}
+
+/// Replace `path` with `bytes` so that a crash leaves either the old or the
+/// new content, durably: write a temporary file, fsync it, rename, fsync the
+/// directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = path.with_extension("tmp");
+    {
+        let mut file = std::fs::File::create(&tmp).map_err(Error::io("create", &tmp))?;
+        file.write_all(bytes).map_err(Error::io("write", &tmp))?;
+        file.sync_all().map_err(Error::io("fsync", &tmp))?;
+    }
+    std::fs::rename(&tmp, path).map_err(Error::io("rename", path))?;
+    fsync_dir(dir)
+}
+
+pub fn fsync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(Error::io("fsync", dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(epoch: u64, id: u64) -> CheckpointRecord {
+        CheckpointRecord {
+            checkpoint_id: id,
+            seq: id * 10,
+            snapshot_key: format!("s/{id}"),
+            checksum: "x".into(),
+            size_bytes: 1,
+            epoch,
+            lineage: "l".into(),
+            created_ms: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn local_store_fences_stale_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut first = CheckpointStore::open(&[], dir.path(), "all").await.unwrap();
+        assert!(first.load().await.unwrap().is_none());
+        let e1 = first.acquire_epoch().await.unwrap();
+        first.commit(&record(e1, 1)).await.unwrap();
+        let mut second = CheckpointStore::open(&[], dir.path(), "all").await.unwrap();
+        let e2 = second.acquire_epoch().await.unwrap();
+        assert_eq!(e2, e1 + 1);
+        let err = first.commit(&record(e1, 2)).await.unwrap_err();
+        assert!(matches!(err, Error::Fenced { .. }), "{err}");
+        second.commit(&record(e2, 3)).await.unwrap();
+        assert_eq!(second.load().await.unwrap().unwrap(), record(e2, 3));
+    }
+}

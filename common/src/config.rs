@@ -1,0 +1,96 @@
+//! Settings shared by several services. Each is a flag and an `ADSPEND_*`
+//! environment variable (the flag wins), with a default that works on one
+//! machine (CONTRACT.md).
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::catalog_source::CatalogSource;
+use crate::error::Error;
+
+#[derive(Args, Clone, Debug)]
+pub struct NatsArgs {
+    /// NATS server URL(s), comma-separated.
+    #[arg(long = "nats-url", env = "ADSPEND_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct EtcdArgs {
+    /// Comma-separated etcd endpoints; empty means single-machine mode
+    /// (checkpoint records kept in the data directory).
+    #[arg(long = "etcd-endpoints", env = "ADSPEND_ETCD_ENDPOINTS", default_value = "")]
+    pub etcd_endpoints: String,
+}
+
+impl EtcdArgs {
+    pub fn endpoints(&self) -> Vec<String> {
+        self.etcd_endpoints
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
+    pub fn validate(&self) -> Result<(), Error> {
+        for endpoint in self.endpoints() {
+            let with_scheme = if endpoint.contains("://") {
+                endpoint.clone()
+            } else {
+                format!("http://{endpoint}")
+            };
+            let url = url::Url::parse(&with_scheme).map_err(|e| Error::Config {
+                name: "ADSPEND_ETCD_ENDPOINTS",
+                value: self.etcd_endpoints.clone(),
+                reason: format!("{endpoint:?}: {e}"),
+            })?;
+            if url.port_or_known_default().is_none() || url.host_str().is_none() {
+                return Err(Error::Config {
+                    name: "ADSPEND_ETCD_ENDPOINTS",
+                    value: self.etcd_endpoints.clone(),
+                    reason: format!("{endpoint:?} has no host:port"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct CatalogArgs {
+    /// Catalog source: a file path, or etcd:///<key> (uses ADSPEND_ETCD_ENDPOINTS).
+    #[arg(long = "catalog", env = "ADSPEND_CATALOG", default_value = "./catalog.json")]
+    pub catalog: String,
+}
+
+impl CatalogArgs {
+    pub fn source(&self, etcd: &EtcdArgs) -> Result<CatalogSource, Error> {
+        CatalogSource::parse(&self.catalog, etcd.endpoints())
+    }
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct PartitionArgs {
+    /// Number of spend partitions.
+    #[arg(long = "partitions", env = "ADSPEND_PARTITIONS", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub partitions: u32,
+}
+
+/// `./data/<service>` unless set.
+pub fn data_dir_or_default(data_dir: &Option<PathBuf>, service: &str) -> PathBuf {
+    data_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("./data").join(service))
+}
+
+/// Parse a listen address with a clear error naming the setting.
+pub fn parse_addr(name: &'static str, value: &str) -> Result<std::net::SocketAddr, Error> {
+    value.parse().map_err(|e: std::net::AddrParseError| Error::Config {
+        name,
+        value: value.to_string(),
+        reason: e.to_string(),
+    })
+}

@@ -1,0 +1,29 @@
+//! What the adspend services share.
+//!
+//! Data flows: ad-server impressions → `limiter` (validates against the
+//! [`catalog`], emits [`types::SpendTuple`]s encoded by [`codec`] onto the
+//! JetStream streams of [`nats`]) → `aggregator` (sums in LMDB, snapshots
+//! through [`snapshot_store`], records checkpoints in [`checkpoint`]) →
+//! `pacer` (reads [`types::SumsUpdate`] pushes). [`config`], [`telemetry`],
+//! [`shutdown`] and [`failpoint`] are the same plumbing in every service.
+
+pub mod catalog;
+pub mod catalog_source;
+pub mod checkpoint;
+pub mod codec;
+pub mod config;
+pub mod error;
+pub mod etcd;
+pub mod failpoint;
+pub mod nats;
+pub mod shutdown;
+pub mod snapshot_store;
+pub mod telemetry;
+pub mod types;
+
+pub use error::{Error, Result};
+
+/// Wall-clock unix milliseconds.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}

@@ -1,0 +1,234 @@
+//! Snapshot objects through `object_store`: `file:///dir` or
+//! `s3://bucket/prefix` (credentials and endpoint from the `AWS_*`
+//! environment). Uploads are multipart, so an object is complete or absent;
+//! on a local filesystem the result is also fsynced. Every transfer computes
+//! an xxh3-128 checksum on the way.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::error::{Error, Result};
+
+const CHUNK: usize = 8 * 1024 * 1024;
+
+#[derive(Clone)]
+pub struct SnapshotStore {
+    store: Arc<dyn ObjectStore>,
+    prefix: ObjectPath,
+    url: String,
+    /// Root directory for `file://` stores, to fsync what was written.
+    local_root: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for SnapshotStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.url)
+    }
+}
+
+/// Streaming checksum in the format stored in checkpoint records.
+#[derive(Default)]
+pub struct Checksum(xxhash_rust::xxh3::Xxh3);
+
+impl Checksum {
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+    pub fn finish(&self) -> String {
+        format!("xxh3-128:{:032x}", self.0.digest128())
+    }
+}
+
+impl SnapshotStore {
+    pub fn from_url(url: &str) -> Result<Self> {
+        let bad = |reason: String| Error::Config {
+            name: "ADSPEND_OBJECT_STORE_URL",
+            value: url.to_string(),
+            reason,
+        };
+        if let Some(path) = url.strip_prefix("file://") {
+            if path.is_empty() {
+                return Err(bad("no directory after file://".into()));
+            }
+            let root = PathBuf::from(path);
+            std::fs::create_dir_all(&root).map_err(|e| bad(format!("cannot create directory: {e}")))?;
+            let root = root
+                .canonicalize()
+                .map_err(|e| bad(format!("cannot resolve directory: {e}")))?;
+            let store = object_store::local::LocalFileSystem::new_with_prefix(&root)
+                .map_err(|e| bad(e.to_string()))?;
+            return Ok(SnapshotStore {
+                store: Arc::new(store),
+                prefix: ObjectPath::default(),
+                url: url.to_string(),
+                local_root: Some(root),
+            });
+        }
+        if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(bad("no bucket after s3://".into()));
+            }
+            let store = object_store::aws::AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .build()
+                .map_err(|e| bad(e.to_string()))?;
+            return Ok(SnapshotStore {
+                store: Arc::new(store),
+                prefix: ObjectPath::from(prefix.trim_matches('/')),
+                url: url.to_string(),
+                local_root: None,
+            });
+        }
+        Err(bad("expected file:///<dir> or s3://<bucket>/<prefix>".into()))
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn path(&self, key: &str) -> ObjectPath {
+        let mut parts: Vec<String> = self.prefix.parts().map(|p| p.as_ref().to_string()).collect();
+        parts.extend(key.split('/').filter(|s| !s.is_empty()).map(str::to_string));
+        ObjectPath::from_iter(parts)
+    }
+
+    fn err(&self, op: &'static str, key: &str) -> impl FnOnce(String) -> Error {
+        let url = self.url.clone();
+        let key = key.to_string();
+        move |reason| Error::ObjectStore { url, op, key, reason }
+    }
+
+    /// Upload a local file as `key`; returns (size, checksum).
+    pub async fn upload(&self, key: &str, file: &Path) -> Result<(u64, String)> {
+        let path = self.path(key);
+        let mut input = tokio::fs::File::open(file).await.map_err(Error::io("open", file))?;
+        let upload = self
+            .store
+            .put_multipart(&path)
+            .await
+            .map_err(|e| self.err("start upload of", key)(e.to_string()))?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, CHUNK);
+        let mut checksum = Checksum::default();
+        let mut size = 0u64;
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = match input.read(&mut buf).await {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = writer.abort().await;
+                    return Err(Error::io("read", file)(e));
+                }
+            };
+            checksum.update(&buf[..n]);
+            size += n as u64;
+            crate::failpoint::hit("aggregator.mid_upload");
+            if let Err(e) = writer.wait_for_capacity(4).await {
+                return Err(self.err("upload", key)(e.to_string()));
+            }
+            writer.write(&buf[..n]);
+        }
+        writer
+            .finish()
+            .await
+            .map_err(|e| self.err("finish upload of", key)(e.to_string()))?;
+        if let Some(root) = &self.local_root {
+            let written = root.join(path.as_ref());
+            std::fs::File::open(&written)
+                .and_then(|f| f.sync_all())
+                .map_err(Error::io("fsync", &written))?;
+            if let Some(parent) = written.parent() {
+                crate::checkpoint::fsync_dir(parent)?;
+            }
+        }
+        Ok((size, checksum.finish()))
+    }
+
+    /// Download `key` into `dest` (fsynced); returns (size, checksum).
+    pub async fn download(&self, key: &str, dest: &Path) -> Result<(u64, String)> {
+        let result = self
+            .store
+            .get(&self.path(key))
+            .await
+            .map_err(|e| self.err("download", key)(e.to_string()))?;
+        let mut out = tokio::fs::File::create(dest).await.map_err(Error::io("create", dest))?;
+        let mut stream = result.into_stream();
+        let mut checksum = Checksum::default();
+        let mut size = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| self.err("download", key)(e.to_string()))?;
+            checksum.update(&chunk);
+            size += chunk.len() as u64;
+            out.write_all(&chunk).await.map_err(Error::io("write", dest))?;
+        }
+        out.sync_all().await.map_err(Error::io("fsync", dest))?;
+        Ok((size, checksum.finish()))
+    }
+
+    /// Keys under `dir` (relative to the store prefix), sorted.
+    pub async fn list(&self, dir: &str) -> Result<Vec<String>> {
+        let base = self.path(dir);
+        let prefix_len = self.prefix.parts().count();
+        let mut keys = Vec::new();
+        let mut stream = self.store.list(Some(&base));
+        while let Some(meta) = stream.next().await {
+            let meta = meta.map_err(|e| self.err("list", dir)(e.to_string()))?;
+            let key: Vec<String> = meta
+                .location
+                .parts()
+                .skip(prefix_len)
+                .map(|p| p.as_ref().to_string())
+                .collect();
+            keys.push(key.join("/"));
+        }
+        keys.sort();
+        Ok(keys)
+    }
+
+    pub async fn delete(&self, key: &str) -> Result<()> {
+        match self.store.delete(&self.path(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.err("delete", key)(e.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn file_store_roundtrip_with_checksum() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}/objects", dir.path().display());
+        let store = SnapshotStore::from_url(&url).unwrap();
+        let src = dir.path().join("src.bin");
+        let data: Vec<u8> = (0..(CHUNK + 12345)).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&src, &data).unwrap();
+        let (size, sum) = store.upload("shard/a.mdb", &src).await.unwrap();
+        assert_eq!(size, data.len() as u64);
+        let dest = dir.path().join("dest.bin");
+        let (size2, sum2) = store.download("shard/a.mdb", &dest).await.unwrap();
+        assert_eq!((size, &sum), (size2, &sum2));
+        assert_eq!(std::fs::read(&dest).unwrap(), data);
+        assert_eq!(store.list("shard").await.unwrap(), vec!["shard/a.mdb".to_string()]);
+        store.delete("shard/a.mdb").await.unwrap();
+        assert!(store.list("shard").await.unwrap().is_empty());
+        let err = store.download("shard/a.mdb", &dest).await.unwrap_err().to_string();
+        assert!(err.contains("shard/a.mdb"), "{err}");
+    }
+
+    #[test]
+    fn bad_urls_are_config_errors() {
+        for url in ["http://x", "file://", "s3://"] {
+            let err = SnapshotStore::from_url(url).unwrap_err().to_string();
+            assert!(err.contains("ADSPEND_OBJECT_STORE_URL"), "{err}");
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! Logging and metrics: `tracing` to stderr, `metrics` exported for
+//! Prometheus. Every metric name lives here so that dashboards have one place
+//! to look.
+
+use std::net::SocketAddr;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tracing_subscriber::EnvFilter;
+
+use crate::error::Error;
+
+// limiter
+pub const IMPRESSIONS_TOTAL: &str = "adspend_impressions_total";
+pub const REJECTED_TOTAL: &str = "adspend_rejected_total";
+pub const TUPLES_EMITTED_TOTAL: &str = "adspend_tuples_emitted_total";
+pub const SPEND_MESSAGES_TOTAL: &str = "adspend_spend_messages_total";
+pub const MARKERS_TOTAL: &str = "adspend_markers_total";
+pub const CATALOG_RELOADS_TOTAL: &str = "adspend_catalog_reloads_total";
+pub const CATALOG_ERRORS_TOTAL: &str = "adspend_catalog_errors_total";
+// aggregator
+pub const TUPLES_APPLIED_TOTAL: &str = "adspend_tuples_applied_total";
+pub const DUPLICATES_DROPPED_TOTAL: &str = "adspend_duplicates_dropped_total";
+pub const APPLY_COMMITS_TOTAL: &str = "adspend_apply_commits_total";
+pub const LAST_APPLIED_SEQ: &str = "adspend_last_applied_seq";
+pub const CHECKPOINTS_TOTAL: &str = "adspend_checkpoints_total";
+pub const CHECKPOINTS_COALESCED_TOTAL: &str = "adspend_checkpoints_coalesced_total";
+pub const CHECKPOINT_SECONDS: &str = "adspend_checkpoint_seconds";
+pub const SNAPSHOT_BYTES: &str = "adspend_snapshot_bytes";
+pub const DEDUPE_IDS: &str = "adspend_dedupe_ids";
+pub const DEDUPE_WINDOW_SECONDS: &str = "adspend_dedupe_window_seconds";
+pub const SUMS_PUSHES_TOTAL: &str = "adspend_sums_pushes_total";
+pub const STREAM_INTEGRITY_ERRORS_TOTAL: &str = "adspend_stream_integrity_errors_total";
+// pacer
+pub const PACER_UPDATES_TOTAL: &str = "adspend_pacer_updates_total";
+pub const PACER_STALE_UPDATES_TOTAL: &str = "adspend_pacer_stale_updates_total";
+pub const PACER_RESYNCS_TOTAL: &str = "adspend_pacer_resyncs_total";
+pub const PACER_LAG_SECONDS: &str = "adspend_pacer_lag_seconds";
+pub const DECISIONS_TOTAL: &str = "adspend_decisions_total";
+
+/// Log to stderr; `RUST_LOG` overrides the default `info`.
+pub fn init_tracing() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// Install the global Prometheus recorder and serve `/metrics` on `listen`.
+/// Returns the handle, so a service can also render metrics on its own port.
+/// Must be called inside a tokio runtime.
+pub fn install_metrics(listen: SocketAddr) -> Result<PrometheusHandle, Error> {
+    let bind_error = |reason: String| Error::Bind {
+        what: "metrics listener",
+        addr: listen.to_string(),
+        reason,
+    };
+    // Bind first so a busy port is a clear error rather than a background panic.
+    std::net::TcpListener::bind(listen).map_err(|e| bind_error(e.to_string()))?;
+    let builder = PrometheusBuilder::new().with_http_listener(listen);
+    let (recorder, exporter) = builder.build().map_err(|e| bind_error(e.to_string()))?;
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder).map_err(|e| bind_error(e.to_string()))?;
+    tokio::spawn(async move {
+        if let Err(e) = exporter.await {
+            tracing::error!(error = ?e, "metrics listener stopped");
+        }
+    });
+    Ok(handle)
+}

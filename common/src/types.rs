@@ -1,0 +1,118 @@
+//! The records that travel between the services.
+//!
+//! Money is always integer micros (`u64`) and every sum is checked: an overflow
+//! is an error, never a wrap.
+
+use bincode::{Decode, Encode};
+use serde::{Deserialize, Serialize};
+
+/// Millionths of the currency unit.
+pub type Micros = u64;
+
+/// Bucket value for limits whose period is `lifetime`: they have no period
+/// bucket, only the lifetime sum.
+pub const LIFETIME_BUCKET: u32 = u32::MAX;
+
+/// Longest limit id, ad id and impression id, in bytes (CONTRACT.md).
+pub const MAX_ID_LEN: usize = 64;
+
+/// 16-byte message id of one spend tuple, derived from (limit, impression id)
+/// so that a re-emitted tuple carries the same id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Encode, Decode)]
+pub struct MsgId(pub [u8; 16]);
+
+impl MsgId {
+    /// Deterministic across runs, versions and machines: xxh3-128 has a fixed
+    /// specification and no random seed.
+    pub fn derive(limit_id: &str, impression_id: &str) -> Self {
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        hasher.update(&(limit_id.len() as u32).to_be_bytes());
+        hasher.update(limit_id.as_bytes());
+        hasher.update(impression_id.as_bytes());
+        MsgId(hasher.digest128().to_be_bytes())
+    }
+}
+
+/// One unit of spend against one limit.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct SpendTuple {
+    pub limit: String,
+    /// Period bucket the spend is booked to: for daily limits the local date
+    /// (days since 1970-01-01) of the event in the limit's time zone, else
+    /// [`LIFETIME_BUCKET`].
+    pub bucket: u32,
+    pub cost_micros: Micros,
+    pub msg_id: MsgId,
+}
+
+/// Injected by the limiter into every partition each checkpoint interval.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct CheckpointMarker {
+    /// Monotonic across limiter restarts (wall-clock based).
+    pub marker_id: u64,
+    pub partition: u32,
+    pub emitted_ms: i64,
+}
+
+/// The payload of one message on `spend.<partition>`.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub enum SpendMessage {
+    Batch {
+        /// Earliest JetStream publish time (unix ms) of the impressions in
+        /// this batch, for freshness measurements.
+        source_ms: i64,
+        tuples: Vec<SpendTuple>,
+    },
+    Marker(CheckpointMarker),
+}
+
+/// The current value of one (limit, bucket) sum, pushed to the pacer.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub struct SumEntry {
+    pub limit: String,
+    pub bucket: u32,
+    /// Sum of the bucket; equals `lifetime_micros` for [`LIFETIME_BUCKET`].
+    pub bucket_micros: Micros,
+    pub lifetime_micros: Micros,
+}
+
+/// A push of absolute sums from an aggregator to the pacer. Absolute values
+/// make pushes idempotent; the stamp `(epoch, seq)` lets the pacer refuse to
+/// go backwards.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct SumsUpdate {
+    pub shard: String,
+    /// Owner epoch of the aggregator that sent this (fencing).
+    pub epoch: u64,
+    /// Last applied `SPEND` stream sequence these sums include.
+    pub seq: u64,
+    /// Per (shard, epoch) counter; a gap tells the pacer it missed a push.
+    pub push_seq: u64,
+    /// Set on the pushes that carry the full state after a resync request.
+    pub full: bool,
+    /// Unix ms up to which the sums are complete (see aggregator docs).
+    pub watermark_ms: i64,
+    /// Earliest source publish time among the batches in this push.
+    pub source_ms: i64,
+    pub entries: Vec<SumEntry>,
+}
+
+/// Checked addition of money; `None` on overflow.
+pub fn add_micros(a: Micros, b: Micros) -> Option<Micros> {
+    a.checked_add(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn msg_id_depends_on_limit_and_impression() {
+        let a = MsgId::derive("campaign-1", "imp-1");
+        assert_eq!(a, MsgId::derive("campaign-1", "imp-1"));
+        assert_ne!(a, MsgId::derive("campaign-2", "imp-1"));
+        assert_ne!(a, MsgId::derive("campaign-1", "imp-2"));
+        // The length prefix keeps ("ab","c") and ("a","bc") apart.
+        assert_ne!(MsgId::derive("ab", "c"), MsgId::derive("a", "bc"));
+    }
+}

