@@ -1,1 +1,258 @@
-//! placeholder
+//! The limiter: `IMPRESSIONS` → spend tuples on `SPEND`.
+//!
+//! [`run`] pulls input from a durable JetStream consumer in chunks; [`emit`]
+//! parses each NDJSON line ([`validate`]), maps the ad to its limits through
+//! the catalog and groups the tuples by partition; the chunk's output (spend
+//! batches and dead letters) is published and acknowledged by JetStream before
+//! the input is acknowledged. A timer injects a checkpoint marker into every
+//! partition; it runs in the same loop, so markers are ordered with the
+//! batches around them.
+
+pub mod config;
+pub mod emit;
+pub mod error;
+pub mod validate;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use adspend_common::catalog::Catalog;
+use adspend_common::codec::encode_spend;
+use adspend_common::nats::{self, spend_subject};
+use adspend_common::telemetry::{
+    IMPRESSIONS_TOTAL, MARKERS_TOTAL, REJECTED_TOTAL, SPEND_MESSAGES_TOTAL, TUPLES_EMITTED_TOTAL,
+};
+use adspend_common::types::{CheckpointMarker, SpendMessage};
+use adspend_common::{failpoint, now_ms};
+use async_nats::jetstream::{self, consumer, context::PublishAckFuture};
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub use config::Config;
+pub use error::Error;
+use emit::{Input, Output};
+
+/// How long JetStream waits for an acknowledgement before redelivering. Short,
+/// so that input a stopped limiter had pulled is redelivered soon; a chunk is
+/// always acknowledged well within it.
+const ACK_WAIT: Duration = Duration::from_secs(10);
+const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Run until `shutdown`; on shutdown the chunk in hand is finished first.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
+    config.validate()?;
+    let catalog_source = config.catalog.source(&config.etcd)?;
+    let catalog = catalog_source.clone().watch(shutdown.clone()).await?;
+    let client = nats::connect(&config.nats.nats_url, "adspend-limiter").await?;
+    let js = jetstream::new(client);
+    let impressions = nats::ensure_impressions(&js).await?;
+    nats::ensure_spend(&js).await?;
+    nats::ensure_deadletter(&js).await?;
+
+    let consumer_err = |reason: String| Error::Consumer {
+        stream: nats::IMPRESSIONS_STREAM,
+        consumer: config.consumer.clone(),
+        reason,
+    };
+    let consumer: consumer::PullConsumer = impressions
+        .get_or_create_consumer(
+            &config.consumer,
+            consumer::pull::Config {
+                durable_name: Some(config.consumer.clone()),
+                ack_policy: consumer::AckPolicy::All,
+                ack_wait: ACK_WAIT,
+                max_ack_pending: 100_000,
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| consumer_err(e.to_string()))?;
+    let messages = consumer
+        .stream()
+        .max_messages_per_batch(config.max_batch as usize)
+        .heartbeat(Duration::from_secs(5))
+        .messages()
+        .await
+        .map_err(|e| consumer_err(e.to_string()))?;
+    let mut chunks = messages.ready_chunks(config.max_batch as usize);
+
+    tracing::info!(
+        catalog = catalog_source.describe(),
+        partitions = config.partitions.partitions,
+        checkpoint_interval_ms = config.checkpoint_interval_ms,
+        "limiter running"
+    );
+    let mut limiter = Limiter {
+        js,
+        catalog,
+        partitions: config.partitions.partitions,
+        tuples_per_message: config.tuples_per_message as usize,
+        shutdown: shutdown.clone(),
+    };
+    let mut markers = tokio::time::interval(config.checkpoint_interval());
+    markers.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    markers.tick().await;
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            _ = markers.tick() => limiter.publish_markers().await,
+            chunk = chunks.next() => match chunk {
+                Some(chunk) => limiter.handle_chunk(chunk).await,
+                None => {
+                    tracing::warn!("impressions consumer ended");
+                    break;
+                }
+            },
+        }
+    }
+    tracing::info!("limiter stopped");
+    Ok(())
+}
+
+type PullMessage = Result<jetstream::Message, consumer::pull::MessagesError>;
+
+struct Limiter {
+    js: jetstream::Context,
+    catalog: watch::Receiver<Arc<Catalog>>,
+    partitions: u32,
+    tuples_per_message: usize,
+    shutdown: CancellationToken,
+}
+
+enum Publish {
+    Done,
+    /// Shutdown came while retrying: the input stays unacknowledged and is
+    /// redelivered to the next limiter.
+    Abandoned,
+}
+
+impl Limiter {
+    async fn handle_chunk(&mut self, chunk: Vec<PullMessage>) {
+        let mut received = Vec::with_capacity(chunk.len());
+        for message in chunk {
+            match message {
+                Ok(m) => received.push(m),
+                // Heartbeat misses and the like: the stream recovers by itself.
+                Err(e) => tracing::warn!(error = %e, "impressions consumer error"),
+            }
+        }
+        let Some(last) = received.last() else { return };
+        let catalog = self.catalog.borrow().clone();
+        let mut out = Output::new(self.partitions);
+        let mut source_ms = i64::MAX;
+        for message in &received {
+            let (stream_seq, published_ms) = match message.info() {
+                Ok(info) => (
+                    info.stream_sequence,
+                    (info.published.unix_timestamp_nanos() / 1_000_000) as i64,
+                ),
+                Err(_) => (0, now_ms()),
+            };
+            source_ms = source_ms.min(published_ms);
+            out.add(
+                &Input {
+                    stream_seq,
+                    payload: &message.payload,
+                },
+                &catalog,
+            );
+        }
+        if let Publish::Abandoned = self.publish_output(&out, source_ms).await {
+            return;
+        }
+        failpoint::hit("limiter.after_publish");
+        metrics::counter!(IMPRESSIONS_TOTAL).increment(out.impressions);
+        metrics::counter!(TUPLES_EMITTED_TOTAL).increment(out.tuples() as u64);
+        for (reason, n) in &out.rejected {
+            metrics::counter!(REJECTED_TOTAL, "reason" => reason.as_str()).increment(*n);
+        }
+        // AckPolicy::All: acknowledging the last message acknowledges the chunk.
+        if let Err(e) = last.double_ack().await {
+            tracing::warn!(error = %e, "input ack failed; the chunk will be redelivered and deduplicated");
+        }
+    }
+
+    /// Publish everything and wait for JetStream to acknowledge all of it,
+    /// retrying until it does (re-sent tuples carry the same ids and are
+    /// dropped downstream).
+    async fn publish_output(&self, out: &Output, source_ms: i64) -> Publish {
+        let mut messages: Vec<(String, HeaderMap, Bytes)> = Vec::new();
+        for (partition, tuples) in out.partitions.iter().enumerate() {
+            for part in tuples.chunks(self.tuples_per_message) {
+                let payload = encode_spend(&SpendMessage::Batch {
+                    source_ms,
+                    tuples: part.to_vec(),
+                });
+                messages.push((spend_subject(partition as u32), HeaderMap::new(), payload.into()));
+            }
+        }
+        let spend_messages = messages.len();
+        for letter in &out.dead_letters {
+            let mut headers = HeaderMap::new();
+            headers.insert("Nats-Msg-Id", letter.msg_id().as_str());
+            headers.insert("Adspend-Reason", letter.reason);
+            let payload = serde_json::to_vec(letter).expect("a dead letter serializes");
+            messages.push((format!("deadletter.{}", letter.reason), headers, payload.into()));
+        }
+        let published = self.publish_all(&messages).await;
+        if let Publish::Done = published {
+            metrics::counter!(SPEND_MESSAGES_TOTAL).increment(spend_messages as u64);
+        }
+        published
+    }
+
+    async fn publish_all(&self, messages: &[(String, HeaderMap, Bytes)]) -> Publish {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self.try_publish_all(messages).await {
+                Ok(()) => return Publish::Done,
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "publish failed; retrying");
+                    tokio::select! {
+                        _ = self.shutdown.cancelled() => return Publish::Abandoned,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(RETRY_BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    async fn try_publish_all(&self, messages: &[(String, HeaderMap, Bytes)]) -> Result<(), String> {
+        // Pipelined: send everything, then collect the acknowledgements.
+        let mut pending: Vec<PublishAckFuture> = Vec::with_capacity(messages.len());
+        for (subject, headers, payload) in messages {
+            let ack = self
+                .js
+                .publish_with_headers(subject.clone(), headers.clone(), payload.clone())
+                .await
+                .map_err(|e| format!("publish to {subject}: {e}"))?;
+            pending.push(ack);
+        }
+        for ack in pending {
+            ack.await.map_err(|e| format!("publish ack: {e}"))?;
+        }
+        Ok(())
+    }
+
+    async fn publish_markers(&mut self) {
+        let marker_id = now_ms() as u64;
+        let messages: Vec<(String, HeaderMap, Bytes)> = (0..self.partitions)
+            .map(|partition| {
+                let payload = encode_spend(&SpendMessage::Marker(CheckpointMarker {
+                    marker_id,
+                    partition,
+                    emitted_ms: now_ms(),
+                }));
+                (spend_subject(partition), HeaderMap::new(), payload.into())
+            })
+            .collect();
+        if let Publish::Done = self.publish_all(&messages).await {
+            metrics::counter!(MARKERS_TOTAL).increment(u64::from(self.partitions));
+        }
+    }
+}

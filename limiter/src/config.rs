@@ -1,0 +1,52 @@
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use adspend_common::config::{parse_addr, CatalogArgs, EtcdArgs, NatsArgs, PartitionArgs};
+use adspend_common::Error;
+use clap::Parser;
+
+/// Reads impressions from NATS JetStream, maps each ad to its budget limits
+/// and emits spend tuples with checkpoint markers into the SPEND stream.
+#[derive(Parser, Clone, Debug)]
+#[command(name = "limiter", version)]
+pub struct Config {
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    #[command(flatten)]
+    pub catalog: CatalogArgs,
+    #[command(flatten)]
+    pub partitions: PartitionArgs,
+    /// Interval between checkpoint markers, in milliseconds.
+    #[arg(long, env = "ADSPEND_CHECKPOINT_INTERVAL_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    pub checkpoint_interval_ms: u64,
+    /// Prometheus /metrics listen address.
+    #[arg(long, env = "ADSPEND_METRICS_ADDR", default_value = "127.0.0.1:9101")]
+    pub metrics_addr: String,
+    /// Durable consumer name on IMPRESSIONS (one per limiter deployment).
+    #[arg(long, env = "ADSPEND_LIMITER_CONSUMER", default_value = "limiter")]
+    pub consumer: String,
+    /// Most input messages handled (and acknowledged) together.
+    #[arg(long, env = "ADSPEND_LIMITER_MAX_BATCH", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_batch: u32,
+    /// Most spend tuples in one SPEND message.
+    #[arg(long, env = "ADSPEND_LIMITER_TUPLES_PER_MESSAGE", default_value_t = 20_000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub tuples_per_message: u32,
+}
+
+impl Config {
+    pub fn checkpoint_interval(&self) -> Duration {
+        Duration::from_millis(self.checkpoint_interval_ms)
+    }
+
+    /// Everything that can be checked before connecting to anything.
+    pub fn validate(&self) -> Result<SocketAddr, Error> {
+        self.etcd.validate()?;
+        self.catalog.source(&self.etcd)?;
+        parse_addr("ADSPEND_METRICS_ADDR", &self.metrics_addr)
+    }
+}

@@ -1,0 +1,148 @@
+//! From input messages to output: spend tuples grouped by partition, and
+//! dead letters. Pure (no I/O), so that what the limiter emits for a given
+//! input and catalog is decided here and tested here.
+
+use adspend_common::catalog::Catalog;
+use adspend_common::types::{MsgId, SpendTuple};
+use serde::Serialize;
+
+use crate::validate::{parse_line, Reason};
+
+/// An input message: its bytes and where it sits in `IMPRESSIONS`.
+pub struct Input<'a> {
+    pub stream_seq: u64,
+    pub payload: &'a [u8],
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeadLetter {
+    pub reason: &'static str,
+    pub detail: String,
+    /// The rejected line, lossily decoded as UTF-8.
+    pub line: String,
+    /// Position in `IMPRESSIONS`: stream sequence and line number (from 0).
+    pub stream_seq: u64,
+    pub line_no: u32,
+}
+
+impl DeadLetter {
+    /// The same rejected line gets the same id, so JetStream drops the copy
+    /// when a redelivered input is rejected again.
+    pub fn msg_id(&self) -> String {
+        format!("{}-{}", self.stream_seq, self.line_no)
+    }
+}
+
+#[derive(Default)]
+pub struct Output {
+    /// Indexed by partition.
+    pub partitions: Vec<Vec<SpendTuple>>,
+    pub dead_letters: Vec<DeadLetter>,
+    pub impressions: u64,
+    pub rejected: Vec<(Reason, u64)>,
+}
+
+pub fn partition_of(limit: &str, partitions: u32) -> u32 {
+    (xxhash_rust::xxh3::xxh3_64(limit.as_bytes()) % u64::from(partitions)) as u32
+}
+
+impl Output {
+    pub fn new(partitions: u32) -> Self {
+        Output {
+            partitions: (0..partitions).map(|_| Vec::new()).collect(),
+            ..Default::default()
+        }
+    }
+
+    pub fn tuples(&self) -> usize {
+        self.partitions.iter().map(Vec::len).sum()
+    }
+
+    fn count_rejection(&mut self, reason: Reason) {
+        match self.rejected.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, n)) => *n += 1,
+            None => self.rejected.push((reason, 1)),
+        }
+    }
+
+    /// Split one input message into lines and map each.
+    pub fn add(&mut self, input: &Input<'_>, catalog: &Catalog) {
+        let partitions = self.partitions.len() as u32;
+        for (line_no, line) in input.payload.split(|&b| b == b'\n').enumerate() {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let rejection = match parse_line(line) {
+                Ok(impression) => match catalog.limits_of_ad(&impression.ad_id) {
+                    Some(limits) => {
+                        self.impressions += 1;
+                        for limit in limits {
+                            let tuple = SpendTuple {
+                                limit: limit.id.to_string(),
+                                bucket: limit.bucket_of(impression.ts_ms),
+                                cost_micros: impression.cost_micros,
+                                msg_id: MsgId::derive(&limit.id, &impression.id),
+                            };
+                            self.partitions[partition_of(&limit.id, partitions) as usize].push(tuple);
+                        }
+                        continue;
+                    }
+                    None => crate::validate::Rejection {
+                        reason: Reason::UnknownAd,
+                        detail: format!("ad {:?} is not in the catalog", impression.ad_id),
+                    },
+                },
+                Err(rejection) => rejection,
+            };
+            self.count_rejection(rejection.reason);
+            self.dead_letters.push(DeadLetter {
+                reason: rejection.reason.as_str(),
+                detail: rejection.detail,
+                line: String::from_utf8_lossy(line).into_owned(),
+                stream_seq: input.stream_seq,
+                line_no: line_no as u32,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn catalog() -> Catalog {
+        Catalog::parse(
+            "test",
+            br#"{"limits":{"c":{"budget_micros":10,"period":"daily","time_zone":"Asia/Kolkata"},
+                           "s":{"budget_micros":10,"period":"lifetime","parent":"c"}},
+                 "ads":{"ad-1":["s","c"]}}"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn maps_good_lines_and_dead_letters_bad_ones() {
+        let payload = b"{\"id\":\"i1\",\"ad_id\":\"ad-1\",\"cost_micros\":7,\"ts\":1700000000000}\n\
+                        garbage\n\
+                        \n\
+                        {\"id\":\"i2\",\"ad_id\":\"nope\",\"cost_micros\":7,\"ts\":1}\n";
+        let mut out = Output::new(4);
+        out.add(&Input { stream_seq: 9, payload }, &catalog());
+        assert_eq!(out.impressions, 1);
+        assert_eq!(out.tuples(), 2);
+        let reasons: Vec<_> = out.dead_letters.iter().map(|d| (d.reason, d.line_no)).collect();
+        assert_eq!(reasons, vec![("invalid_json", 1), ("unknown_ad", 3)]);
+        assert_eq!(out.dead_letters[0].msg_id(), "9-1");
+        let all: Vec<&SpendTuple> = out.partitions.iter().flatten().collect();
+        let s = all.iter().find(|t| t.limit == "s").unwrap();
+        assert_eq!(s.bucket, adspend_common::types::LIFETIME_BUCKET);
+        assert_eq!(s.msg_id, MsgId::derive("s", "i1"));
+        let c = all.iter().find(|t| t.limit == "c").unwrap();
+        assert_eq!(adspend_common::catalog::bucket_date(c.bucket).unwrap().to_string(), "2023-11-15");
+        // The same input maps to the same output: a re-emit carries the same ids.
+        let mut again = Output::new(4);
+        again.add(&Input { stream_seq: 9, payload }, &catalog());
+        assert_eq!(again.partitions, out.partitions);
+    }
+}
