@@ -1,0 +1,447 @@
+//! The single writer: applies spend messages to LMDB, one write transaction
+//! per group of messages, never across an `.await` (it runs on its own
+//! thread, fed by a bounded channel).
+//!
+//! Per group: drop messages at or below the last applied sequence (replay),
+//! drop tuples whose message id is in the dedupe window (re-emits and ad-server
+//! retries), add the rest to the bucket and lifetime sums with checked
+//! arithmetic, evict dedupe ids past the window, store the new last applied
+//! sequence, commit. Then hand the changed sums to the pusher and marker
+//! positions to the checkpointer.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use adspend_common::telemetry::{
+    APPLY_COMMITS_TOTAL, DEDUPE_IDS, DEDUPE_WINDOW_SECONDS, DUPLICATES_DROPPED_TOTAL, LAST_APPLIED_SEQ,
+    TUPLES_APPLIED_TOTAL,
+};
+use adspend_common::types::{SpendMessage, SumEntry, LIFETIME_BUCKET};
+use adspend_common::{failpoint, now_ms};
+use heed::RwTxn;
+use tokio::sync::{mpsc, watch};
+
+use crate::error::Error;
+use crate::store::{sum_key, time_key, Store};
+
+/// A message read from `SPEND`.
+#[derive(Debug)]
+pub struct Incoming {
+    pub seq: u64,
+    /// JetStream publish time of the message (unix ms): the dedupe clock.
+    pub stream_ms: i64,
+    /// Messages still behind this one in the stream when it was read.
+    pub pending: u64,
+    pub message: SpendMessage,
+}
+
+/// The dedupe window, bounded by stream time and by id count.
+#[derive(Clone, Copy, Debug)]
+pub struct DedupeLimits {
+    pub window_ms: u64,
+    pub max_ids: u64,
+}
+
+/// Most tuples in one write transaction, to bound commit latency.
+const MAX_GROUP_TUPLES: usize = 200_000;
+/// Most dedupe ids evicted per transaction; the rest go in the next ones.
+const MAX_EVICT_PER_TXN: usize = 100_000;
+
+/// Sums changed since the pusher last looked, plus the position they reflect.
+#[derive(Default)]
+pub struct Dirty {
+    inner: Mutex<DirtyState>,
+}
+
+#[derive(Default)]
+pub struct DirtyState {
+    pub entries: HashMap<(String, u32), SumEntry>,
+    pub seq: u64,
+    pub watermark_ms: i64,
+    /// Earliest source publish time among batches not yet pushed.
+    pub source_ms: Option<i64>,
+}
+
+impl Dirty {
+    pub fn new(seq: u64) -> Self {
+        Dirty {
+            inner: Mutex::new(DirtyState {
+                seq,
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn record(&self, entries: Vec<SumEntry>, seq: u64, watermark_ms: i64, source_ms: Option<i64>) {
+        let mut state = self.inner.lock().expect("dirty lock");
+        for entry in entries {
+            state.entries.insert((entry.limit.clone(), entry.bucket), entry);
+        }
+        state.seq = seq;
+        state.watermark_ms = watermark_ms;
+        state.source_ms = match (state.source_ms, source_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
+    /// Take the changed entries; the position stays.
+    pub fn take(&self) -> (Vec<SumEntry>, u64, i64, Option<i64>) {
+        let mut state = self.inner.lock().expect("dirty lock");
+        let entries = std::mem::take(&mut state.entries).into_values().collect();
+        (entries, state.seq, state.watermark_ms, state.source_ms.take())
+    }
+
+    pub fn position(&self) -> (u64, i64) {
+        let state = self.inner.lock().expect("dirty lock");
+        (state.seq, state.watermark_ms)
+    }
+}
+
+/// A checkpoint request: (request number, sequence of the marker).
+pub type CheckpointRequest = (u64, u64);
+
+pub struct Writer {
+    pub store: Arc<Store>,
+    pub dedupe: DedupeLimits,
+    pub dirty: Arc<Dirty>,
+    pub checkpoints: watch::Sender<CheckpointRequest>,
+    pub last_applied_seq: u64,
+    last_marker: u64,
+    requests: u64,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct GroupStats {
+    pub applied: u64,
+    pub duplicates_by_id: u64,
+    pub replayed_by_seq: u64,
+    pub evicted: u64,
+}
+
+impl Writer {
+    pub fn new(
+        store: Arc<Store>,
+        dedupe: DedupeLimits,
+        dirty: Arc<Dirty>,
+        checkpoints: watch::Sender<CheckpointRequest>,
+    ) -> Result<Self, Error> {
+        let last_applied_seq = {
+            let txn = store.read_txn()?;
+            store.last_applied_seq(&txn)?
+        };
+        Ok(Writer {
+            store,
+            dedupe,
+            dirty,
+            checkpoints,
+            last_applied_seq,
+            last_marker: 0,
+            requests: 0,
+        })
+    }
+
+    /// Apply until the channel closes. Blocking: run on a dedicated thread.
+    pub fn run(mut self, mut rx: mpsc::Receiver<Incoming>) -> Result<(), Error> {
+        let mut group: Vec<Incoming> = Vec::with_capacity(64);
+        while let Some(first) = rx.blocking_recv() {
+            let mut tuples = first.tuples();
+            group.push(first);
+            while tuples < MAX_GROUP_TUPLES {
+                match rx.try_recv() {
+                    Ok(next) => {
+                        tuples += next.tuples();
+                        group.push(next);
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.apply_group(&group)?;
+            group.clear();
+        }
+        Ok(())
+    }
+
+    /// Apply messages in one write transaction.
+    pub fn apply_group(&mut self, group: &[Incoming]) -> Result<GroupStats, Error> {
+        let Some(last) = group.last() else {
+            return Ok(GroupStats::default());
+        };
+        let store = self.store.clone();
+        let mut wtxn = store.write_txn()?;
+        let mut stats = GroupStats::default();
+        let mut bucket_deltas: HashMap<(&str, u32), u64> = HashMap::new();
+        let mut lifetime_deltas: HashMap<&str, u64> = HashMap::new();
+        let mut markers: Vec<u64> = Vec::new();
+        let mut source_ms: Option<i64> = None;
+        let mut applied_through = self.last_applied_seq;
+        let mut clock_ms = 0u64;
+        for incoming in group {
+            if incoming.seq <= applied_through {
+                stats.replayed_by_seq += incoming.tuples() as u64;
+                continue;
+            }
+            applied_through = incoming.seq;
+            let stream_ms = u64::try_from(incoming.stream_ms).unwrap_or(0);
+            clock_ms = clock_ms.max(stream_ms);
+            match &incoming.message {
+                SpendMessage::Batch { source_ms: s, tuples } => {
+                    source_ms = Some(source_ms.map_or(*s, |m: i64| m.min(*s)));
+                    for tuple in tuples {
+                        let id = &tuple.msg_id.0;
+                        if store.dedupe.get(&wtxn, id).map_err(store.err("get dedupe"))?.is_some() {
+                            stats.duplicates_by_id += 1;
+                            continue;
+                        }
+                        store.dedupe.put(&mut wtxn, id, &stream_ms).map_err(store.err("put dedupe"))?;
+                        store
+                            .dedupe_by_time
+                            .put(&mut wtxn, &time_key(stream_ms, id), &())
+                            .map_err(store.err("put dedupe_by_time"))?;
+                        let overflow = || Error::Overflow {
+                            limit: tuple.limit.clone(),
+                            bucket: tuple.bucket,
+                        };
+                        let lifetime = lifetime_deltas.entry(tuple.limit.as_str()).or_default();
+                        *lifetime = lifetime.checked_add(tuple.cost_micros).ok_or_else(overflow)?;
+                        if tuple.bucket != LIFETIME_BUCKET {
+                            let bucket = bucket_deltas.entry((tuple.limit.as_str(), tuple.bucket)).or_default();
+                            *bucket = bucket.checked_add(tuple.cost_micros).ok_or_else(overflow)?;
+                        }
+                        stats.applied += 1;
+                    }
+                }
+                SpendMessage::Marker(marker) => {
+                    // One marker per partition per interval; one checkpoint each.
+                    if marker.marker_id > self.last_marker {
+                        self.last_marker = marker.marker_id;
+                        markers.push(incoming.seq);
+                    }
+                }
+            }
+        }
+        let mut changed = Vec::with_capacity(lifetime_deltas.len() + bucket_deltas.len());
+        let mut new_lifetimes: HashMap<&str, u64> = HashMap::with_capacity(lifetime_deltas.len());
+        for (limit, delta) in &lifetime_deltas {
+            let current = store.lifetime.get(&wtxn, limit).map_err(store.err("get lifetime"))?;
+            let total = current.unwrap_or(0).checked_add(*delta).ok_or_else(|| Error::Overflow {
+                limit: limit.to_string(),
+                bucket: LIFETIME_BUCKET,
+            })?;
+            store.lifetime.put(&mut wtxn, limit, &total).map_err(store.err("put lifetime"))?;
+            new_lifetimes.insert(limit, total);
+            changed.push(SumEntry {
+                limit: limit.to_string(),
+                bucket: LIFETIME_BUCKET,
+                bucket_micros: total,
+                lifetime_micros: total,
+            });
+        }
+        for ((limit, bucket), delta) in &bucket_deltas {
+            let key = sum_key(limit, *bucket);
+            let current = store.sums.get(&wtxn, &key).map_err(store.err("get sum"))?;
+            let total = current.unwrap_or(0).checked_add(*delta).ok_or_else(|| Error::Overflow {
+                limit: limit.to_string(),
+                bucket: *bucket,
+            })?;
+            store.sums.put(&mut wtxn, &key, &total).map_err(store.err("put sum"))?;
+            changed.push(SumEntry {
+                limit: limit.to_string(),
+                bucket: *bucket,
+                bucket_micros: total,
+                lifetime_micros: new_lifetimes[limit],
+            });
+        }
+        if clock_ms > 0 {
+            stats.evicted = self.evict(&mut wtxn, clock_ms)?;
+        }
+        store.set_last_applied_seq(&mut wtxn, applied_through)?;
+        failpoint::hit("aggregator.before_commit");
+        wtxn.commit().map_err(store.err("commit"))?;
+        failpoint::hit("aggregator.after_commit");
+        self.last_applied_seq = applied_through;
+
+        metrics::counter!(APPLY_COMMITS_TOTAL).increment(1);
+        metrics::counter!(TUPLES_APPLIED_TOTAL).increment(stats.applied);
+        metrics::counter!(DUPLICATES_DROPPED_TOTAL, "by" => "id").increment(stats.duplicates_by_id);
+        metrics::counter!(DUPLICATES_DROPPED_TOTAL, "by" => "seq").increment(stats.replayed_by_seq);
+        metrics::gauge!(LAST_APPLIED_SEQ).set(applied_through as f64);
+
+        // Caught up: the sums are complete as of now; behind: as of the
+        // publish time of the last message applied.
+        let watermark_ms = if last.pending == 0 { now_ms() } else { last.stream_ms };
+        self.dirty.record(changed, applied_through, watermark_ms, source_ms);
+        for seq in markers {
+            self.requests += 1;
+            self.checkpoints.send_replace((self.requests, seq));
+        }
+        Ok(stats)
+    }
+
+    /// Drop ids older than the window (in stream time) or beyond the count
+    /// bound, oldest first.
+    fn evict(&self, wtxn: &mut RwTxn<'_>, clock_ms: u64) -> Result<u64, Error> {
+        let store = &self.store;
+        let cutoff = clock_ms.saturating_sub(self.dedupe.window_ms);
+        let count = store.dedupe.len(wtxn).map_err(store.err("count dedupe"))?;
+        let excess = count.saturating_sub(self.dedupe.max_ids) as usize;
+        let mut doomed: Vec<[u8; 24]> = Vec::new();
+        let mut oldest_kept: Option<u64> = None;
+        for entry in store.dedupe_by_time.iter(wtxn).map_err(store.err("iterate dedupe"))? {
+            let (key, ()) = entry.map_err(store.err("iterate dedupe"))?;
+            let time = u64::from_be_bytes(key[..8].try_into().expect("24-byte key"));
+            if (time < cutoff || doomed.len() < excess) && doomed.len() < MAX_EVICT_PER_TXN {
+                doomed.push(key.try_into().expect("24-byte key"));
+            } else {
+                oldest_kept = Some(time);
+                break;
+            }
+        }
+        for key in &doomed {
+            store.dedupe.delete(wtxn, &key[8..]).map_err(store.err("evict dedupe"))?;
+            store.dedupe_by_time.delete(wtxn, key.as_slice()).map_err(store.err("evict dedupe"))?;
+        }
+        metrics::gauge!(DEDUPE_IDS).set((count - doomed.len() as u64) as f64);
+        if let Some(oldest) = oldest_kept {
+            metrics::gauge!(DEDUPE_WINDOW_SECONDS).set(clock_ms.saturating_sub(oldest) as f64 / 1000.0);
+        }
+        Ok(doomed.len() as u64)
+    }
+}
+
+impl Incoming {
+    fn tuples(&self) -> usize {
+        match &self.message {
+            SpendMessage::Batch { tuples, .. } => tuples.len().max(1),
+            SpendMessage::Marker(_) => 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use adspend_common::types::{CheckpointMarker, MsgId, SpendTuple};
+
+    fn tuple(limit: &str, bucket: u32, cost: u64, imp: &str) -> SpendTuple {
+        SpendTuple {
+            limit: limit.into(),
+            bucket,
+            cost_micros: cost,
+            msg_id: MsgId::derive(limit, imp),
+        }
+    }
+
+    fn batch(seq: u64, stream_ms: i64, tuples: Vec<SpendTuple>) -> Incoming {
+        Incoming {
+            seq,
+            stream_ms,
+            pending: 1,
+            message: SpendMessage::Batch { source_ms: stream_ms, tuples },
+        }
+    }
+
+    fn writer(dir: &std::path::Path, dedupe: DedupeLimits) -> (Writer, watch::Receiver<CheckpointRequest>) {
+        let store = Arc::new(Store::open(dir, 1 << 30).unwrap());
+        let (tx, rx) = watch::channel((0, 0));
+        (Writer::new(store, dedupe, Arc::new(Dirty::new(0)), tx).unwrap(), rx)
+    }
+
+    fn sums(store: &Store) -> (HashMap<String, u64>, HashMap<(String, u32), u64>) {
+        let txn = store.read_txn().unwrap();
+        let lifetime = store
+            .lifetime
+            .iter(&txn)
+            .unwrap()
+            .map(|e| e.map(|(k, v)| (k.to_string(), v)).unwrap())
+            .collect();
+        let buckets = store
+            .sums
+            .iter(&txn)
+            .unwrap()
+            .map(|e| {
+                let (k, v) = e.unwrap();
+                let (l, b) = crate::store::parse_sum_key(k).unwrap();
+                ((l.to_string(), b), v)
+            })
+            .collect();
+        (lifetime, buckets)
+    }
+
+    const WIDE: DedupeLimits = DedupeLimits {
+        window_ms: u64::MAX,
+        max_ids: u64::MAX,
+    };
+
+    #[test]
+    fn sums_dedupes_by_id_and_skips_replays_by_seq() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut w, _rx) = writer(dir.path(), WIDE);
+        let first = vec![batch(1, 1000, vec![tuple("a", 5, 10, "i1"), tuple("a", 5, 7, "i2"), tuple("b", LIFETIME_BUCKET, 3, "i1")])];
+        let stats = w.apply_group(&first).unwrap();
+        assert_eq!(stats.applied, 3);
+        // Same sequence again (replay) and a re-emit of i1 under a new sequence.
+        let again = vec![
+            batch(1, 1000, vec![tuple("a", 5, 10, "i1")]),
+            batch(2, 1001, vec![tuple("a", 5, 10, "i1"), tuple("a", 6, 1, "i3")]),
+        ];
+        let stats = w.apply_group(&again).unwrap();
+        assert_eq!(stats, GroupStats { applied: 1, duplicates_by_id: 1, replayed_by_seq: 1, evicted: 0 });
+        let (lifetime, buckets) = sums(&w.store);
+        assert_eq!(lifetime["a"], 18);
+        assert_eq!(lifetime["b"], 3);
+        assert_eq!(buckets[&("a".to_string(), 5)], 17);
+        assert_eq!(buckets[&("a".to_string(), 6)], 1);
+        assert!(!buckets.contains_key(&("b".to_string(), LIFETIME_BUCKET)));
+        assert_eq!(w.store.position().unwrap().1, 2);
+        let (entries, seq, _, _) = w.dirty.take();
+        assert_eq!(seq, 2);
+        assert!(entries.iter().any(|e| e.limit == "a" && e.bucket == 6 && e.bucket_micros == 1 && e.lifetime_micros == 18));
+    }
+
+    #[test]
+    fn overflow_is_an_error_and_commits_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut w, _rx) = writer(dir.path(), WIDE);
+        w.apply_group(&[batch(1, 1, vec![tuple("a", 1, u64::MAX, "i1")])]).unwrap();
+        let err = w.apply_group(&[batch(2, 2, vec![tuple("a", 1, 1, "i2")])]).unwrap_err();
+        assert!(matches!(err, Error::Overflow { .. }), "{err}");
+        assert_eq!(w.store.position().unwrap().1, 1);
+    }
+
+    #[test]
+    fn window_evicts_by_time_and_by_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut w, _rx) = writer(dir.path(), DedupeLimits { window_ms: 100, max_ids: 3 });
+        w.apply_group(&[batch(1, 1000, vec![tuple("a", 1, 1, "i1"), tuple("a", 1, 1, "i2")])]).unwrap();
+        // 50 ms later: within the window, i1 is still known.
+        let s = w.apply_group(&[batch(2, 1050, vec![tuple("a", 1, 1, "i1"), tuple("a", 1, 1, "i3")])]).unwrap();
+        assert_eq!((s.applied, s.duplicates_by_id), (1, 1));
+        // Count bound 3: adding i4 evicts the oldest (i1 or i2 at t=1000).
+        let s = w.apply_group(&[batch(3, 1060, vec![tuple("a", 1, 1, "i4")])]).unwrap();
+        assert_eq!(s.evicted, 1);
+        // At t=1200 everything before t=1100 is evicted (after that group's
+        // lookups), so a later i3 counts again.
+        let s = w.apply_group(&[batch(4, 1200, vec![tuple("a", 1, 1, "i5")])]).unwrap();
+        assert_eq!(s.evicted, 3);
+        let s = w.apply_group(&[batch(5, 1201, vec![tuple("a", 1, 1, "i3")])]).unwrap();
+        assert_eq!((s.applied, s.duplicates_by_id), (1, 0));
+        let txn = w.store.read_txn().unwrap();
+        assert_eq!(w.store.dedupe.len(&txn).unwrap(), 2);
+        assert_eq!(w.store.dedupe_by_time.len(&txn).unwrap(), 2);
+    }
+
+    #[test]
+    fn markers_request_one_checkpoint_per_marker_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut w, rx) = writer(dir.path(), WIDE);
+        let marker = |seq, partition| Incoming {
+            seq,
+            stream_ms: 5,
+            pending: 0,
+            message: SpendMessage::Marker(CheckpointMarker { marker_id: 77, partition, emitted_ms: 5 }),
+        };
+        w.apply_group(&[batch(1, 1, vec![tuple("a", 1, 1, "i")]), marker(2, 0), marker(3, 1)]).unwrap();
+        assert_eq!(*rx.borrow(), (1, 2));
+    }
+}

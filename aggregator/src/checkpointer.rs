@@ -1,0 +1,140 @@
+//! Checkpoints, in the order of DESIGN.md's protocol: the marker's sequence is
+//! already committed (the writer asks only after its commit) → consistent copy
+//! of LMDB from a read transaction while the writer keeps going → upload
+//! (complete or absent) → checkpoint record, fenced by the owner epoch → GC of
+//! older snapshots. A crash between any two steps leaves the previous
+//! checkpoint in force. Requests that arrive while one is running coalesce
+//! into the newest.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use adspend_common::checkpoint::{CheckpointRecord, CheckpointStore};
+use adspend_common::snapshot_store::SnapshotStore;
+use adspend_common::telemetry::{CHECKPOINTS_COALESCED_TOTAL, CHECKPOINTS_TOTAL, CHECKPOINT_SECONDS, SNAPSHOT_BYTES};
+use adspend_common::{failpoint, now_ms};
+use heed::CompactionOption;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::apply::CheckpointRequest;
+use crate::error::Error;
+use crate::store::Store;
+
+/// File name of the LMDB data file, in snapshots as in the environment.
+pub const DATA_FILE: &str = "data.mdb";
+
+pub struct Checkpointer {
+    pub store: Arc<Store>,
+    pub snapshots: SnapshotStore,
+    pub records: CheckpointStore,
+    pub shard: String,
+    pub epoch: u64,
+    pub lineage: String,
+    pub next_id: u64,
+    pub tmp_dir: PathBuf,
+    /// Snapshots kept besides the newest.
+    pub keep: usize,
+}
+
+impl Checkpointer {
+    pub async fn run(
+        mut self,
+        mut requests: watch::Receiver<CheckpointRequest>,
+        cancel: CancellationToken,
+    ) -> Result<(), Error> {
+        let mut last_request = requests.borrow().0;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return Ok(()),
+                changed = requests.changed() => if changed.is_err() { return Ok(()) },
+            }
+            let (request, seq) = *requests.borrow_and_update();
+            let coalesced = request.saturating_sub(last_request).saturating_sub(1);
+            if coalesced > 0 {
+                metrics::counter!(CHECKPOINTS_COALESCED_TOTAL).increment(coalesced);
+            }
+            last_request = request;
+            let started = Instant::now();
+            match self.checkpoint(seq).await {
+                Ok(record) => {
+                    metrics::counter!(CHECKPOINTS_TOTAL, "outcome" => "ok").increment(1);
+                    metrics::histogram!(CHECKPOINT_SECONDS).record(started.elapsed().as_secs_f64());
+                    metrics::gauge!(SNAPSHOT_BYTES).set(record.size_bytes as f64);
+                    tracing::debug!(id = record.checkpoint_id, seq = record.seq, bytes = record.size_bytes, "checkpoint recorded");
+                }
+                Err(e @ Error::Common(adspend_common::Error::Fenced { .. })) => return Err(e),
+                Err(e) => {
+                    // The previous checkpoint stays in force; the next marker retries.
+                    metrics::counter!(CHECKPOINTS_TOTAL, "outcome" => "failed").increment(1);
+                    tracing::error!(error = %e, "checkpoint failed");
+                }
+            }
+        }
+    }
+
+    pub async fn checkpoint(&mut self, marker_seq: u64) -> Result<CheckpointRecord, Error> {
+        let id = self.next_id;
+        let dir = self.tmp_dir.join(format!("snap-{id}"));
+        let file = dir.join(DATA_FILE);
+        let store = self.store.clone();
+        let copy_dir = dir.clone();
+        let seq = tokio::task::spawn_blocking(move || -> Result<u64, Error> {
+            let _ = std::fs::remove_dir_all(&copy_dir);
+            std::fs::create_dir_all(&copy_dir).map_err(adspend_common::Error::io("create", &copy_dir))?;
+            // The copy's own read transaction starts after this one, so the
+            // snapshot holds at least everything through `seq`.
+            let seq = {
+                let txn = store.read_txn()?;
+                store.last_applied_seq(&txn)?
+            };
+            failpoint::hit("aggregator.mid_copy");
+            store
+                .env
+                .copy_to_path(copy_dir.join(DATA_FILE), CompactionOption::Enabled)
+                .map_err(store.err("copy"))?;
+            Ok(seq)
+        })
+        .await
+        .map_err(|e| Error::Task("snapshot copy", e.to_string()))??;
+        debug_assert!(seq >= marker_seq);
+        let key = format!("{}/{id:020}-{seq:020}.mdb", self.shard);
+        let (size_bytes, checksum) = self.snapshots.upload(&key, &file).await?;
+        failpoint::hit("aggregator.after_upload");
+        let record = CheckpointRecord {
+            checkpoint_id: id,
+            seq,
+            snapshot_key: key.clone(),
+            checksum,
+            size_bytes,
+            epoch: self.epoch,
+            lineage: self.lineage.clone(),
+            created_ms: now_ms(),
+        };
+        self.records.commit(&record).await?;
+        self.next_id += 1;
+        failpoint::hit("aggregator.after_record");
+        let _ = tokio::fs::remove_dir_all(&dir).await;
+        self.collect_garbage(&key).await;
+        Ok(record)
+    }
+
+    /// Delete all but the newest `keep + 1` snapshots of this shard. Names
+    /// sort by checkpoint id; the recorded one is never deleted.
+    async fn collect_garbage(&self, current: &str) {
+        let keys = match self.snapshots.list(&self.shard).await {
+            Ok(keys) => keys,
+            Err(e) => {
+                tracing::warn!(error = %e, "snapshot GC: listing failed");
+                return;
+            }
+        };
+        let doomed = keys.len().saturating_sub(self.keep + 1);
+        for key in keys.iter().take(doomed).filter(|k| k.as_str() != current) {
+            if let Err(e) = self.snapshots.delete(key).await {
+                tracing::warn!(error = %e, "snapshot GC: delete failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,116 @@
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use adspend_common::config::{data_dir_or_default, parse_addr, EtcdArgs, NatsArgs, PartitionArgs};
+use adspend_common::Error;
+use clap::Parser;
+
+use crate::apply::DedupeLimits;
+
+/// Sums spend per limit in LMDB, snapshots it to object storage on each
+/// checkpoint marker, and pushes fresh sums to the pacer.
+#[derive(Parser, Clone, Debug)]
+#[command(name = "aggregator", version)]
+pub struct Config {
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    #[command(flatten)]
+    pub partitions: PartitionArgs,
+    /// Snapshot store: file:///dir or s3://bucket/prefix (AWS_* env for S3).
+    /// Default: file://<data dir>/snapshots.
+    #[arg(long, env = "ADSPEND_OBJECT_STORE_URL")]
+    pub object_store_url: Option<String>,
+    /// Local state directory (LMDB). Default: ./data/aggregator.
+    #[arg(long, env = "ADSPEND_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Prometheus /metrics listen address.
+    #[arg(long, env = "ADSPEND_METRICS_ADDR", default_value = "127.0.0.1:9102")]
+    pub metrics_addr: String,
+    /// Partitions this aggregator owns: "all", or a comma-separated list.
+    #[arg(long, env = "ADSPEND_AGGREGATOR_PARTITIONS", default_value = "all")]
+    pub owned_partitions: String,
+    /// Dedupe window in stream time, milliseconds.
+    #[arg(long, env = "ADSPEND_DEDUPE_WINDOW_MS", default_value_t = 3_600_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub dedupe_window_ms: u64,
+    /// Most message ids kept for deduplication.
+    #[arg(long, env = "ADSPEND_DEDUPE_MAX_IDS", default_value_t = 50_000_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub dedupe_max_ids: u64,
+    /// Interval between pushes of changed sums to the pacer, milliseconds.
+    #[arg(long, env = "ADSPEND_PUSH_INTERVAL_MS", default_value_t = 50,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub push_interval_ms: u64,
+    /// Older snapshots kept besides the newest.
+    #[arg(long, env = "ADSPEND_SNAPSHOTS_KEPT", default_value_t = 2)]
+    pub snapshots_kept: usize,
+    /// LMDB map size in GiB (address space; the file grows as needed).
+    #[arg(long, env = "ADSPEND_LMDB_MAP_GIB", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub lmdb_map_gib: u64,
+}
+
+impl Config {
+    /// Everything that can be checked before touching the network.
+    pub fn validate(&self) -> Result<SocketAddr, Error> {
+        self.etcd.validate()?;
+        self.owned()?;
+        parse_addr("ADSPEND_METRICS_ADDR", &self.metrics_addr)
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        data_dir_or_default(&self.data_dir, "aggregator")
+    }
+
+    pub fn object_store_url(&self) -> String {
+        self.object_store_url
+            .clone()
+            .unwrap_or_else(|| format!("file://{}", self.data_dir().join("snapshots").display()))
+    }
+
+    /// Owned partitions, or `None` for all.
+    pub fn owned(&self) -> Result<Option<Vec<u32>>, Error> {
+        let value = self.owned_partitions.trim();
+        if value == "all" {
+            return Ok(None);
+        }
+        let bad = |reason: String| Error::Config {
+            name: "ADSPEND_AGGREGATOR_PARTITIONS",
+            value: value.to_string(),
+            reason,
+        };
+        let mut owned = Vec::new();
+        for part in value.split(',') {
+            let p: u32 = part.trim().parse().map_err(|e| bad(format!("{part:?}: {e}")))?;
+            if p >= self.partitions.partitions {
+                return Err(bad(format!("partition {p} is not below ADSPEND_PARTITIONS={}", self.partitions.partitions)));
+            }
+            owned.push(p);
+        }
+        owned.sort_unstable();
+        owned.dedup();
+        Ok(Some(owned))
+    }
+
+    /// The shard name: the unit of ownership, checkpoints and pushes.
+    pub fn shard(&self) -> String {
+        match self.owned() {
+            Ok(Some(list)) => format!("p{}", list.iter().map(u32::to_string).collect::<Vec<_>>().join("-")),
+            _ => "all".to_string(),
+        }
+    }
+
+    pub fn dedupe(&self) -> DedupeLimits {
+        DedupeLimits {
+            window_ms: self.dedupe_window_ms,
+            max_ids: self.dedupe_max_ids,
+        }
+    }
+
+    pub fn push_interval(&self) -> Duration {
+        Duration::from_millis(self.push_interval_ms)
+    }
+}

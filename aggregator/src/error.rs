@@ -1,0 +1,49 @@
+use std::path::PathBuf;
+
+use adspend_common::Error as CommonError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Common(#[from] CommonError),
+
+    #[error("LMDB at {path}: {op}: {source}")]
+    Lmdb {
+        path: PathBuf,
+        op: &'static str,
+        #[source]
+        source: heed::Error,
+    },
+
+    #[error("sum overflow: limit {limit} bucket {bucket} would exceed u64 micros")]
+    Overflow { limit: String, bucket: u32 },
+
+    #[error("SPEND retention gap: stream starts at sequence {first_seq} but the aggregator needs {needed} (last applied {last_applied}); spend between them is lost from the log, refusing to continue")]
+    RetentionGap {
+        first_seq: u64,
+        needed: u64,
+        last_applied: u64,
+    },
+
+    #[error("SPEND log went backwards: stream ends at sequence {last_seq} but the aggregator already applied {last_applied}; refusing to continue")]
+    LogBackwards { last_seq: u64, last_applied: u64 },
+
+    #[error("SPEND message at sequence {seq} cannot be decoded: {reason}")]
+    BadSpendMessage { seq: u64, reason: String },
+
+    #[error("SPEND consumer: {0}")]
+    Consumer(String),
+
+    #[error("snapshot {key} does not match its checkpoint record: {reason}")]
+    SnapshotMismatch { key: String, reason: String },
+
+    #[error("{0} task failed: {1}")]
+    Task(&'static str, String),
+}
+
+impl Error {
+    pub fn lmdb(path: &std::path::Path, op: &'static str) -> impl FnOnce(heed::Error) -> Self {
+        let path = path.to_path_buf();
+        move |source| Error::Lmdb { path, op, source }
+    }
+}

@@ -1,0 +1,164 @@
+//! Pushes changed sums to the pacer over core NATS, continuously (every
+//! `interval`), decoupled from checkpoints: freshness does not wait for
+//! durability. Values are absolute and stamped `(epoch, seq)`, so a lost or
+//! repeated push cannot make the pacer wrong, only late; a gap in `push_seq`
+//! or a restarted pacer asks for the full state on `adspend.resync`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use adspend_common::codec::encode_sums;
+use adspend_common::nats::{sums_subject, SUMS_RESYNC_SUBJECT};
+use adspend_common::telemetry::SUMS_PUSHES_TOTAL;
+use adspend_common::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET};
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::apply::Dirty;
+use crate::error::Error;
+use crate::store::{parse_sum_key, Store};
+
+const ENTRIES_PER_PUSH: usize = 10_000;
+/// An empty push at least this often, so the pacer sees the watermark move.
+const HEARTBEAT: Duration = Duration::from_secs(1);
+
+pub struct Pusher {
+    pub client: async_nats::Client,
+    pub store: Arc<Store>,
+    pub dirty: Arc<Dirty>,
+    pub shard: String,
+    pub epoch: u64,
+    pub interval: Duration,
+    push_seq: u64,
+    last_push: Instant,
+}
+
+impl Pusher {
+    pub fn new(
+        client: async_nats::Client,
+        store: Arc<Store>,
+        dirty: Arc<Dirty>,
+        shard: String,
+        epoch: u64,
+        interval: Duration,
+    ) -> Self {
+        Pusher {
+            client,
+            store,
+            dirty,
+            shard,
+            epoch,
+            interval,
+            push_seq: 0,
+            last_push: Instant::now(),
+        }
+    }
+
+    pub async fn run(mut self, cancel: CancellationToken) -> Result<(), Error> {
+        let mut resync = self
+            .client
+            .subscribe(SUMS_RESYNC_SUBJECT)
+            .await
+            .map_err(|e| Error::Task("pusher", format!("subscribe {SUMS_RESYNC_SUBJECT}: {e}")))?;
+        let mut ticker = tokio::time::interval(self.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A pacer that started before us has no state from us yet.
+        self.push_full().await;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = ticker.tick() => self.push_changes().await,
+                request = resync.next() => {
+                    if request.is_some() {
+                        self.push_full().await;
+                    }
+                }
+            }
+        }
+        self.push_changes().await;
+        Ok(())
+    }
+
+    async fn push_changes(&mut self) {
+        let (entries, seq, watermark_ms, source_ms) = self.dirty.take();
+        if entries.is_empty() && self.last_push.elapsed() < HEARTBEAT {
+            return;
+        }
+        self.publish(entries, seq, watermark_ms, source_ms.unwrap_or(watermark_ms), false)
+            .await;
+    }
+
+    async fn push_full(&mut self) {
+        let store = self.store.clone();
+        let read = tokio::task::spawn_blocking(move || read_full(&store)).await;
+        let (entries, seq) = match read {
+            Ok(Ok(full)) => full,
+            Ok(Err(e)) => return tracing::error!(error = %e, "reading full state for resync failed"),
+            Err(e) => return tracing::error!(error = %e, "resync task failed"),
+        };
+        let (_, watermark_ms) = self.dirty.position();
+        self.publish(entries, seq, watermark_ms, watermark_ms, true).await;
+    }
+
+    async fn publish(&mut self, entries: Vec<SumEntry>, seq: u64, watermark_ms: i64, source_ms: i64, full: bool) {
+        let subject = sums_subject(&self.shard);
+        let mut chunks: Vec<Vec<SumEntry>> = entries.chunks(ENTRIES_PER_PUSH).map(<[_]>::to_vec).collect();
+        if chunks.is_empty() {
+            chunks.push(Vec::new());
+        }
+        for entries in chunks {
+            self.push_seq += 1;
+            let update = SumsUpdate {
+                shard: self.shard.clone(),
+                epoch: self.epoch,
+                seq,
+                push_seq: self.push_seq,
+                full,
+                watermark_ms,
+                source_ms,
+                entries,
+            };
+            // Core NATS: at most once. Loss shows up as a push_seq gap and
+            // the pacer asks for a resync.
+            if let Err(e) = self.client.publish(subject.clone(), encode_sums(&update).into()).await {
+                tracing::warn!(error = %e, "sums push failed");
+            }
+        }
+        metrics::counter!(SUMS_PUSHES_TOTAL).increment(1);
+        self.last_push = Instant::now();
+    }
+}
+
+/// Lifetime sums of every limit and the recent daily buckets (yesterday and
+/// later in any time zone), with the sequence they are consistent with.
+pub fn read_full(store: &Store) -> Result<(Vec<SumEntry>, u64), Error> {
+    let txn = store.read_txn()?;
+    let seq = store.last_applied_seq(&txn)?;
+    let mut entries = Vec::new();
+    let mut lifetimes = std::collections::HashMap::new();
+    for item in store.lifetime.iter(&txn).map_err(store.err("iterate lifetime"))? {
+        let (limit, total) = item.map_err(store.err("iterate lifetime"))?;
+        lifetimes.insert(limit.to_string(), total);
+        entries.push(SumEntry {
+            limit: limit.to_string(),
+            bucket: LIFETIME_BUCKET,
+            bucket_micros: total,
+            lifetime_micros: total,
+        });
+    }
+    let today = (adspend_common::now_ms() / 86_400_000) as u32;
+    let oldest_wanted = today.saturating_sub(2);
+    for item in store.sums.iter(&txn).map_err(store.err("iterate sums"))? {
+        let (key, total) = item.map_err(store.err("iterate sums"))?;
+        let Some((limit, bucket)) = parse_sum_key(key) else { continue };
+        if bucket >= oldest_wanted {
+            entries.push(SumEntry {
+                limit: limit.to_string(),
+                bucket,
+                bucket_micros: total,
+                lifetime_micros: lifetimes.get(limit).copied().unwrap_or(0),
+            });
+        }
+    }
+    Ok((entries, seq))
+}

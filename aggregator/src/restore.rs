@@ -1,0 +1,130 @@
+//! Start-up: decide between the local LMDB (warm restart) and the snapshot
+//! named by the checkpoint record (cold restore), per DESIGN.md rule 2.
+
+use std::path::Path;
+
+use adspend_common::checkpoint::CheckpointRecord;
+use adspend_common::snapshot_store::SnapshotStore;
+
+use crate::checkpointer::DATA_FILE;
+use crate::error::Error;
+use crate::store::Store;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// No record and no local state.
+    Fresh,
+    /// Local LMDB of the recorded lineage, at or past the record.
+    Warm,
+    /// Downloaded and verified the recorded snapshot.
+    Cold,
+}
+
+impl Start {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Start::Fresh => "fresh",
+            Start::Warm => "warm",
+            Start::Cold => "cold",
+        }
+    }
+}
+
+fn new_lineage() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let mut seed = nanos.to_be_bytes().to_vec();
+    seed.extend_from_slice(&std::process::id().to_be_bytes());
+    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&seed))
+}
+
+fn close(store: Store) {
+    store.env.prepare_for_closing().wait();
+}
+
+/// Open the shard's LMDB at `lmdb_dir`, restoring it first if needed.
+/// Blocking (file I/O and LMDB); the download runs on `runtime`.
+pub async fn open_or_restore(
+    lmdb_dir: &Path,
+    tmp_dir: &Path,
+    record: Option<&CheckpointRecord>,
+    snapshots: &SnapshotStore,
+    map_size: usize,
+) -> Result<(Store, String, Start), Error> {
+    if lmdb_dir.join(DATA_FILE).exists() {
+        let store = Store::open(lmdb_dir, map_size)?;
+        let (lineage, seq) = store.position()?;
+        match (record, lineage) {
+            (None, Some(lineage)) => return Ok((store, lineage, Start::Warm)),
+            (Some(r), Some(lineage)) if lineage == r.lineage && seq >= r.seq => {
+                return Ok((store, lineage, Start::Warm))
+            }
+            (Some(r), lineage) => {
+                tracing::warn!(
+                    local_lineage = lineage.as_deref().unwrap_or("none"),
+                    local_seq = seq,
+                    record_lineage = r.lineage,
+                    record_seq = r.seq,
+                    "local state is not usable; restoring the recorded snapshot"
+                );
+                close(store);
+            }
+            (None, None) => {
+                let lineage = new_lineage();
+                let mut txn = store.write_txn()?;
+                store.set_lineage(&mut txn, &lineage)?;
+                txn.commit().map_err(store.err("commit"))?;
+                return Ok((store, lineage, Start::Fresh));
+            }
+        }
+    }
+    let Some(record) = record else {
+        let store = Store::open(lmdb_dir, map_size)?;
+        let lineage = new_lineage();
+        let mut txn = store.write_txn()?;
+        store.set_lineage(&mut txn, &lineage)?;
+        txn.commit().map_err(store.err("commit"))?;
+        return Ok((store, lineage, Start::Fresh));
+    };
+    let restore_dir = tmp_dir.join("restore");
+    let _ = std::fs::remove_dir_all(&restore_dir);
+    std::fs::create_dir_all(&restore_dir).map_err(adspend_common::Error::io("create", &restore_dir))?;
+    let key = &record.snapshot_key;
+    let (size, checksum) = snapshots.download(key, &restore_dir.join(DATA_FILE)).await?;
+    if size != record.size_bytes || checksum != record.checksum {
+        return Err(adspend_common::Error::SnapshotCorrupt {
+            key: format!("{}/{key}", snapshots.url()),
+            reason: format!(
+                "expected {} bytes with {}, got {size} bytes with {checksum}",
+                record.size_bytes, record.checksum
+            ),
+        }
+        .into());
+    }
+    adspend_common::failpoint::hit("aggregator.during_restore");
+    {
+        let restored = Store::open(&restore_dir, map_size)?;
+        let (lineage, seq) = restored.position()?;
+        close(restored);
+        if lineage.as_deref() != Some(record.lineage.as_str()) || seq < record.seq {
+            return Err(Error::SnapshotMismatch {
+                key: key.clone(),
+                reason: format!(
+                    "snapshot has lineage {lineage:?} at sequence {seq}, record says {} at {}",
+                    record.lineage, record.seq
+                ),
+            });
+        }
+    }
+    if lmdb_dir.exists() {
+        std::fs::remove_dir_all(lmdb_dir).map_err(adspend_common::Error::io("remove", lmdb_dir))?;
+    }
+    std::fs::rename(&restore_dir, lmdb_dir).map_err(adspend_common::Error::io("rename", lmdb_dir))?;
+    if let Some(parent) = lmdb_dir.parent() {
+        adspend_common::checkpoint::fsync_dir(parent)?;
+    }
+    let store = Store::open(lmdb_dir, map_size)?;
+    Ok((store, record.lineage.clone(), Start::Cold))
+}
