@@ -37,6 +37,14 @@ pub const PACER_RESYNCS_TOTAL: &str = "adspend_pacer_resyncs_total";
 pub const PACER_LAG_SECONDS: &str = "adspend_pacer_lag_seconds";
 pub const DECISIONS_TOTAL: &str = "adspend_decisions_total";
 
+static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
+
+/// The installed recorder's handle, for services that also serve `/metrics`
+/// on their own port; `None` when no recorder was installed (in-process tests).
+pub fn metrics_handle() -> Option<&'static PrometheusHandle> {
+    HANDLE.get()
+}
+
 /// Log to stderr; `RUST_LOG` overrides the default `info`.
 pub fn init_tracing() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
@@ -62,6 +70,7 @@ pub fn install_metrics(listen: SocketAddr) -> Result<PrometheusHandle, Error> {
     let (recorder, exporter) = builder.build().map_err(|e| bind_error(e.to_string()))?;
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).map_err(|e| bind_error(e.to_string()))?;
+    let _ = HANDLE.set(handle.clone());
     tokio::spawn(async move {
         if let Err(e) = exporter.await {
             tracing::error!(error = ?e, "metrics listener stopped");

@@ -1,1 +1,22 @@
-fn main() {}
+use adspend_common::{shutdown, telemetry};
+use adspend_pacer::{run, Config};
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let config = Config::parse();
+    telemetry::init_tracing();
+    if let Err(e) = start(config).await {
+        eprintln!("pacer: error: {e:#}");
+        return std::process::ExitCode::FAILURE;
+    }
+    std::process::ExitCode::SUCCESS
+}
+
+async fn start(config: Config) -> anyhow::Result<()> {
+    let (_, metrics_addr) = config.validate()?;
+    telemetry::install_metrics(metrics_addr)?;
+    let shutdown = shutdown::on_signals()?;
+    run(config, shutdown).await?;
+    Ok(())
+}

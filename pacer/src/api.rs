@@ -1,0 +1,161 @@
+//! The HTTP API of CONTRACT.md, the dashboard and the operational endpoints.
+
+use std::sync::Arc;
+
+use adspend_common::catalog::Catalog;
+use adspend_common::telemetry::DECISIONS_TOTAL;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::Utc;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{watch, RwLock};
+
+use crate::pacing::{view, LimitView};
+use crate::state::SpendState;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub catalog: watch::Receiver<Arc<Catalog>>,
+    pub spend: Arc<RwLock<SpendState>>,
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/", get(dashboard))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
+        .route("/v1/limits", get(list_limits))
+        .route("/v1/limits/{limit_id}", get(get_limit))
+        .route("/v1/decisions", post(decisions))
+        .with_state(state)
+}
+
+#[derive(Serialize)]
+struct ApiError {
+    error: String,
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(ApiError { error: message.into() })).into_response()
+}
+
+async fn get_limit(State(app): State<AppState>, Path(limit_id): Path<String>) -> Response {
+    let catalog = app.catalog.borrow().clone();
+    let Some(limit) = catalog.limit(&limit_id) else {
+        return error(StatusCode::NOT_FOUND, format!("unknown limit {limit_id:?}"));
+    };
+    let spend = app.spend.read().await;
+    Json(view(limit, &spend, Utc::now())).into_response()
+}
+
+#[derive(Deserialize)]
+struct Page {
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+#[derive(Serialize)]
+struct LimitsPage {
+    limits: Vec<LimitView>,
+    /// Pass as `after` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<String>,
+}
+
+const MAX_PAGE: usize = 1000;
+
+async fn list_limits(State(app): State<AppState>, Query(page): Query<Page>) -> Response {
+    let size = page.limit.unwrap_or(100);
+    if size == 0 || size > MAX_PAGE {
+        return error(StatusCode::BAD_REQUEST, format!("limit must be 1..={MAX_PAGE}"));
+    }
+    let catalog = app.catalog.borrow().clone();
+    let mut ids: Vec<&str> = catalog
+        .limits
+        .keys()
+        .map(|id| &**id)
+        .filter(|id| page.after.as_deref().is_none_or(|after| *id > after))
+        .collect();
+    ids.sort_unstable();
+    let more = ids.len() > size;
+    ids.truncate(size);
+    let spend = app.spend.read().await;
+    let now = Utc::now();
+    let limits: Vec<LimitView> = ids.iter().map(|id| view(&catalog.limits[*id], &spend, now)).collect();
+    let next = if more { ids.last().map(|s| s.to_string()) } else { None };
+    Json(LimitsPage { limits, next }).into_response()
+}
+
+#[derive(Deserialize)]
+struct DecisionRequest {
+    ad_ids: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct Decision {
+    ad_id: String,
+    servable: bool,
+    multiplier: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct DecisionResponse {
+    decisions: Vec<Decision>,
+}
+
+/// On the bidder's hot path: one read lock and one catalog snapshot for the
+/// whole batch.
+async fn decisions(State(app): State<AppState>, Json(request): Json<DecisionRequest>) -> Response {
+    let catalog = app.catalog.borrow().clone();
+    let spend = app.spend.read().await;
+    let now = Utc::now();
+    let decisions: Vec<Decision> = request
+        .ad_ids
+        .into_iter()
+        .map(|ad_id| match catalog.limits_above_ad(&ad_id) {
+            None => Decision {
+                ad_id,
+                servable: false,
+                multiplier: 0.0,
+                error: Some("unknown ad"),
+            },
+            Some(limits) => {
+                let mut multiplier: f64 = 1.0;
+                let mut servable = true;
+                for limit in &limits {
+                    let v = view(limit, &spend, now);
+                    servable &= !v.exhausted;
+                    multiplier = multiplier.min(v.pacing.multiplier);
+                }
+                Decision {
+                    ad_id,
+                    servable,
+                    multiplier: if servable { multiplier } else { 0.0 },
+                    error: None,
+                }
+            }
+        })
+        .collect();
+    metrics::counter!(DECISIONS_TOTAL).increment(decisions.len() as u64);
+    Json(DecisionResponse { decisions }).into_response()
+}
+
+async fn metrics() -> Response {
+    match adspend_common::telemetry::metrics_handle() {
+        Some(handle) => (
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            handle.render(),
+        )
+            .into_response(),
+        None => error(StatusCode::SERVICE_UNAVAILABLE, "no metrics recorder installed"),
+    }
+}
+
+async fn dashboard() -> Html<&'static str> {
+    Html(include_str!("dashboard.html"))
+}

@@ -1,0 +1,83 @@
+//! Receiving the aggregators' pushes, and asking for a resync when the pacer
+//! starts or notices a missed push.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use adspend_common::codec::decode_sums;
+use adspend_common::nats::{SUMS_RESYNC_SUBJECT, SUMS_SUBJECT_PREFIX};
+use adspend_common::telemetry::{PACER_LAG_SECONDS, PACER_RESYNCS_TOTAL, PACER_STALE_UPDATES_TOTAL, PACER_UPDATES_TOTAL};
+use futures::StreamExt;
+use tokio::sync::RwLock;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Error;
+use crate::state::{Applied, SpendState};
+
+const RESYNC_MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// With no push at all for this long, ask again (aggregators may have
+/// started after our first request).
+const SILENCE: Duration = Duration::from_secs(3);
+
+pub async fn subscribe(client: &async_nats::Client) -> Result<async_nats::Subscriber, Error> {
+    let subject = format!("{SUMS_SUBJECT_PREFIX}.>");
+    client.subscribe(subject.clone()).await.map_err(|e| Error::Subscribe {
+        subject,
+        reason: e.to_string(),
+    })
+}
+
+pub async fn run(
+    client: async_nats::Client,
+    mut pushes: async_nats::Subscriber,
+    state: Arc<RwLock<SpendState>>,
+    cancel: CancellationToken,
+) {
+    let mut last_resync: Option<Instant> = None;
+    let mut last_push = Instant::now();
+    request_resync(&client, &mut last_resync).await;
+    let mut silence = tokio::time::interval(SILENCE);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = silence.tick() => {
+                if last_push.elapsed() >= SILENCE {
+                    request_resync(&client, &mut last_resync).await;
+                }
+            }
+            message = pushes.next() => {
+                let Some(message) = message else { return };
+                let update = match decode_sums(&message.payload) {
+                    Ok(u) => u,
+                    Err(e) => {
+                        tracing::warn!(error = %e, subject = %message.subject, "undecodable sums push dropped");
+                        continue;
+                    }
+                };
+                last_push = Instant::now();
+                let now = adspend_common::now_ms();
+                let applied = state.write().await.apply(&update, now);
+                metrics::counter!(PACER_UPDATES_TOTAL).increment(1);
+                metrics::gauge!(PACER_LAG_SECONDS).set((now - update.watermark_ms).max(0) as f64 / 1000.0);
+                match applied {
+                    Applied::Ok => {}
+                    Applied::Stale => {
+                        metrics::counter!(PACER_STALE_UPDATES_TOTAL).increment(1);
+                    }
+                    Applied::Gap => request_resync(&client, &mut last_resync).await,
+                }
+            }
+        }
+    }
+}
+
+async fn request_resync(client: &async_nats::Client, last: &mut Option<Instant>) {
+    if last.is_some_and(|t| t.elapsed() < RESYNC_MIN_INTERVAL) {
+        return;
+    }
+    *last = Some(Instant::now());
+    metrics::counter!(PACER_RESYNCS_TOTAL).increment(1);
+    if let Err(e) = client.publish(SUMS_RESYNC_SUBJECT, "".into()).await {
+        tracing::warn!(error = %e, "resync request failed");
+    }
+}
