@@ -21,6 +21,7 @@ use crate::store::{parse_sum_key, Store};
 const ENTRIES_PER_PUSH: usize = 10_000;
 /// An empty push at least this often, so the pacer sees the watermark move.
 const HEARTBEAT: Duration = Duration::from_secs(1);
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub struct Pusher {
     pub client: async_nats::Client,
@@ -120,8 +121,13 @@ impl Pusher {
             };
             // Core NATS: at most once. Loss shows up as a push_seq gap and
             // the pacer asks for a resync.
-            if let Err(e) = self.client.publish(subject.clone(), encode_sums(&update).into()).await {
-                tracing::warn!(error = %e, "sums push failed");
+            let publish = self.client.publish(subject.clone(), encode_sums(&update).into());
+            match tokio::time::timeout(PUBLISH_TIMEOUT, publish).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "sums push failed"),
+                // NATS unreachable and the client's buffer full: drop it; the
+                // pacer notices the push_seq gap and resyncs.
+                Err(_) => tracing::warn!("sums push timed out"),
             }
         }
         metrics::counter!(SUMS_PUSHES_TOTAL).increment(1);

@@ -40,6 +40,8 @@ use emit::{Input, Output};
 /// always acknowledged well within it.
 const ACK_WAIT: Duration = Duration::from_secs(10);
 const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Longest wait for one round of publishes (or the input ack) to be confirmed.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Run until `shutdown`; on shutdown the chunk in hand is finished first.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
@@ -171,8 +173,11 @@ impl Limiter {
             metrics::counter!(REJECTED_TOTAL, "reason" => reason.as_str()).increment(*n);
         }
         // AckPolicy::All: acknowledging the last message acknowledges the chunk.
-        if let Err(e) = last.double_ack().await {
-            tracing::warn!(error = %e, "input ack failed; the chunk will be redelivered and deduplicated");
+        let ack = tokio::time::timeout(PUBLISH_TIMEOUT, last.double_ack());
+        match ack.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "input ack failed; the chunk will be redelivered and deduplicated"),
+            Err(_) => tracing::warn!("input ack timed out; the chunk will be redelivered and deduplicated"),
         }
     }
 
@@ -208,7 +213,14 @@ impl Limiter {
     async fn publish_all(&self, messages: &[(String, HeaderMap, Bytes)]) -> Publish {
         let mut backoff = Duration::from_millis(50);
         loop {
-            match self.try_publish_all(messages).await {
+            // A publish blocks while NATS is unreachable and its buffer is
+            // full: bound it, and let shutdown interrupt it.
+            let attempt = tokio::time::timeout(PUBLISH_TIMEOUT, self.try_publish_all(messages));
+            let result = tokio::select! {
+                _ = self.shutdown.cancelled() => return Publish::Abandoned,
+                result = attempt => result.unwrap_or_else(|_| Err(format!("no acknowledgement within {PUBLISH_TIMEOUT:?}"))),
+            };
+            match result {
                 Ok(()) => return Publish::Done,
                 Err(e) => {
                     tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "publish failed; retrying");

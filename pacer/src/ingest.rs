@@ -77,7 +77,10 @@ async fn request_resync(client: &async_nats::Client, last: &mut Option<Instant>)
     }
     *last = Some(Instant::now());
     metrics::counter!(PACER_RESYNCS_TOTAL).increment(1);
-    if let Err(e) = client.publish(SUMS_RESYNC_SUBJECT, "".into()).await {
-        tracing::warn!(error = %e, "resync request failed");
+    let publish = client.publish(SUMS_RESYNC_SUBJECT, "".into());
+    match tokio::time::timeout(Duration::from_secs(2), publish).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "resync request failed"),
+        Err(_) => tracing::warn!("resync request timed out"),
     }
 }

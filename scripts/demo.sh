@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The local pipeline on embedded defaults: NATS + limiter + aggregator + pacer
+# on this machine (file:// snapshots, checkpoint records in the data dir),
+# the ad-server simulator against it, and the pacer's per-limit spend printed
+# next to the ground truth.
+#
+#   DEMO_EVENTS=200000 DEMO_BATCH=100 scripts/demo.sh
+#
+# Services keep running for the dashboard when started from a terminal
+# (Ctrl-C stops them); otherwise the script stops them and exits.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+events=${DEMO_EVENTS:-200000}
+batch=${DEMO_BATCH:-100}
+out="$root/demo-out"
+
+bash scripts/install-deps.sh run
+echo "demo: building (release)"
+cargo build --release --workspace --bins --quiet
+bin="$root/target/release"
+
+for port in 4222 8222 8080 9101 9102 9103; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "demo: port $port is in use; stop whatever listens there (an earlier demo?) and retry" >&2
+    exit 1
+  fi
+done
+
+rm -rf "$out"
+mkdir -p "$out"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+"$root/.tools/bin/nats-server" -c deploy/nats.conf -sd "$out/nats" >"$out/nats.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do
+  curl -sf http://127.0.0.1:8222/healthz >/dev/null 2>&1 && break
+  sleep 0.1
+done
+
+"$bin/adsim" catalog --out "$out/catalog.json" --ads 1000 --seed 7
+export ADSPEND_CATALOG="$out/catalog.json"
+export ADSPEND_CHECKPOINT_INTERVAL_MS=2000
+ADSPEND_DATA_DIR="$out/aggregator" "$bin/aggregator" >"$out/aggregator.log" 2>&1 &
+pids+=($!)
+"$bin/limiter" >"$out/limiter.log" 2>&1 &
+pids+=($!)
+"$bin/pacer" >"$out/pacer.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do
+  curl -sf http://127.0.0.1:8080/healthz >/dev/null 2>&1 && break
+  sleep 0.1
+done
+curl -sf http://127.0.0.1:8080/healthz >/dev/null || { echo "demo: pacer did not start; see $out/pacer.log" >&2; exit 1; }
+
+echo "demo: publishing $events impressions (5% duplicates, 1% bad, $batch per message)"
+start_ns=$(date +%s%N)
+"$bin/adsim" run --catalog "$out/catalog.json" --truth-out "$out/truth.json" \
+  --events "$events" --duplicate-rate 0.05 --bad-rate 0.01 --batch "$batch" --seed 7
+"$bin/adcheck" --truth "$out/truth.json" --timeout 120 --show 15
+end_ns=$(date +%s%N)
+python3 - "$out/truth.json" "$start_ns" "$end_ns" <<'PY'
+import json, sys
+stats = json.load(open(sys.argv[1]))["stats"]
+secs = (int(sys.argv[3]) - int(sys.argv[2])) / 1e9
+print(f"demo: {stats['events_sent']} events published, pipeline equal to the truth after {secs:.1f}s "
+      f"({stats['events_sent'] / secs:,.0f} events/s end to end)")
+PY
+echo "demo: dead letters by reason:"
+curl -s http://127.0.0.1:9101/metrics | grep '^adspend_rejected_total' || true
+echo "demo: pacer API and dashboard at http://127.0.0.1:8080/  (logs in $out)"
+if [ -t 0 ]; then
+  echo "demo: services keep running; Ctrl-C stops them"
+  wait
+fi
