@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use adspend_common::telemetry::{
-    APPLY_COMMITS_TOTAL, DEDUPE_IDS, DEDUPE_WINDOW_SECONDS, DUPLICATES_DROPPED_TOTAL, LAST_APPLIED_SEQ,
-    TUPLES_APPLIED_TOTAL,
+    APPLY_COMMITS_TOTAL, DEDUPE_IDS, DEDUPE_WINDOW_SECONDS, DUPLICATES_DROPPED_TOTAL,
+    LAST_APPLIED_SEQ, TUPLES_APPLIED_TOTAL,
 };
 use adspend_common::types::{SpendMessage, SumEntry, LIFETIME_BUCKET};
 use adspend_common::{failpoint, now_ms};
@@ -75,7 +75,9 @@ impl Dirty {
     fn record(&self, entries: Vec<SumEntry>, seq: u64, watermark_ms: i64, source_ms: Option<i64>) {
         let mut state = self.inner.lock().expect("dirty lock");
         for entry in entries {
-            state.entries.insert((entry.limit.clone(), entry.bucket), entry);
+            state
+                .entries
+                .insert((entry.limit.clone(), entry.bucket), entry);
         }
         state.seq = seq;
         state.watermark_ms = watermark_ms;
@@ -89,7 +91,12 @@ impl Dirty {
     pub fn take(&self) -> (Vec<SumEntry>, u64, i64, Option<i64>) {
         let mut state = self.inner.lock().expect("dirty lock");
         let entries = std::mem::take(&mut state.entries).into_values().collect();
-        (entries, state.seq, state.watermark_ms, state.source_ms.take())
+        (
+            entries,
+            state.seq,
+            state.watermark_ms,
+            state.source_ms.take(),
+        )
     }
 
     pub fn position(&self) -> (u64, i64) {
@@ -185,15 +192,26 @@ impl Writer {
             let stream_ms = u64::try_from(incoming.stream_ms).unwrap_or(0);
             clock_ms = clock_ms.max(stream_ms);
             match &incoming.message {
-                SpendMessage::Batch { source_ms: s, tuples } => {
+                SpendMessage::Batch {
+                    source_ms: s,
+                    tuples,
+                } => {
                     source_ms = Some(source_ms.map_or(*s, |m: i64| m.min(*s)));
                     for tuple in tuples {
                         let id = &tuple.msg_id.0;
-                        if store.dedupe.get(&wtxn, id).map_err(store.err("get dedupe"))?.is_some() {
+                        if store
+                            .dedupe
+                            .get(&wtxn, id)
+                            .map_err(store.err("get dedupe"))?
+                            .is_some()
+                        {
                             stats.duplicates_by_id += 1;
                             continue;
                         }
-                        store.dedupe.put(&mut wtxn, id, &stream_ms).map_err(store.err("put dedupe"))?;
+                        store
+                            .dedupe
+                            .put(&mut wtxn, id, &stream_ms)
+                            .map_err(store.err("put dedupe"))?;
                         store
                             .dedupe_by_time
                             .put(&mut wtxn, &time_key(stream_ms, id), &())
@@ -203,9 +221,13 @@ impl Writer {
                             bucket: tuple.bucket,
                         };
                         let lifetime = lifetime_deltas.entry(tuple.limit.as_str()).or_default();
-                        *lifetime = lifetime.checked_add(tuple.cost_micros).ok_or_else(overflow)?;
+                        *lifetime = lifetime
+                            .checked_add(tuple.cost_micros)
+                            .ok_or_else(overflow)?;
                         if tuple.bucket != LIFETIME_BUCKET {
-                            let bucket = bucket_deltas.entry((tuple.limit.as_str(), tuple.bucket)).or_default();
+                            let bucket = bucket_deltas
+                                .entry((tuple.limit.as_str(), tuple.bucket))
+                                .or_default();
                             *bucket = bucket.checked_add(tuple.cost_micros).ok_or_else(overflow)?;
                         }
                         stats.applied += 1;
@@ -223,12 +245,22 @@ impl Writer {
         let mut changed = Vec::with_capacity(lifetime_deltas.len() + bucket_deltas.len());
         let mut new_lifetimes: HashMap<&str, u64> = HashMap::with_capacity(lifetime_deltas.len());
         for (limit, delta) in &lifetime_deltas {
-            let current = store.lifetime.get(&wtxn, limit).map_err(store.err("get lifetime"))?;
-            let total = current.unwrap_or(0).checked_add(*delta).ok_or_else(|| Error::Overflow {
-                limit: limit.to_string(),
-                bucket: LIFETIME_BUCKET,
-            })?;
-            store.lifetime.put(&mut wtxn, limit, &total).map_err(store.err("put lifetime"))?;
+            let current = store
+                .lifetime
+                .get(&wtxn, limit)
+                .map_err(store.err("get lifetime"))?;
+            let total =
+                current
+                    .unwrap_or(0)
+                    .checked_add(*delta)
+                    .ok_or_else(|| Error::Overflow {
+                        limit: limit.to_string(),
+                        bucket: LIFETIME_BUCKET,
+                    })?;
+            store
+                .lifetime
+                .put(&mut wtxn, limit, &total)
+                .map_err(store.err("put lifetime"))?;
             new_lifetimes.insert(limit, total);
             changed.push(SumEntry {
                 limit: limit.to_string(),
@@ -240,11 +272,18 @@ impl Writer {
         for ((limit, bucket), delta) in &bucket_deltas {
             let key = sum_key(limit, *bucket);
             let current = store.sums.get(&wtxn, &key).map_err(store.err("get sum"))?;
-            let total = current.unwrap_or(0).checked_add(*delta).ok_or_else(|| Error::Overflow {
-                limit: limit.to_string(),
-                bucket: *bucket,
-            })?;
-            store.sums.put(&mut wtxn, &key, &total).map_err(store.err("put sum"))?;
+            let total =
+                current
+                    .unwrap_or(0)
+                    .checked_add(*delta)
+                    .ok_or_else(|| Error::Overflow {
+                        limit: limit.to_string(),
+                        bucket: *bucket,
+                    })?;
+            store
+                .sums
+                .put(&mut wtxn, &key, &total)
+                .map_err(store.err("put sum"))?;
             changed.push(SumEntry {
                 limit: limit.to_string(),
                 bucket: *bucket,
@@ -269,8 +308,13 @@ impl Writer {
 
         // Caught up: the sums are complete as of now; behind: as of the
         // publish time of the last message applied.
-        let watermark_ms = if last.pending == 0 { now_ms() } else { last.stream_ms };
-        self.dirty.record(changed, applied_through, watermark_ms, source_ms);
+        let watermark_ms = if last.pending == 0 {
+            now_ms()
+        } else {
+            last.stream_ms
+        };
+        self.dirty
+            .record(changed, applied_through, watermark_ms, source_ms);
         for seq in markers {
             self.requests += 1;
             self.checkpoints.send_replace((self.requests, seq));
@@ -287,7 +331,11 @@ impl Writer {
         let excess = count.saturating_sub(self.dedupe.max_ids) as usize;
         let mut doomed: Vec<[u8; 24]> = Vec::new();
         let mut oldest_kept: Option<u64> = None;
-        for entry in store.dedupe_by_time.iter(wtxn).map_err(store.err("iterate dedupe"))? {
+        for entry in store
+            .dedupe_by_time
+            .iter(wtxn)
+            .map_err(store.err("iterate dedupe"))?
+        {
             let (key, ()) = entry.map_err(store.err("iterate dedupe"))?;
             let time = u64::from_be_bytes(key[..8].try_into().expect("24-byte key"));
             if (time < cutoff || doomed.len() < excess) && doomed.len() < MAX_EVICT_PER_TXN {
@@ -298,12 +346,19 @@ impl Writer {
             }
         }
         for key in &doomed {
-            store.dedupe.delete(wtxn, &key[8..]).map_err(store.err("evict dedupe"))?;
-            store.dedupe_by_time.delete(wtxn, key.as_slice()).map_err(store.err("evict dedupe"))?;
+            store
+                .dedupe
+                .delete(wtxn, &key[8..])
+                .map_err(store.err("evict dedupe"))?;
+            store
+                .dedupe_by_time
+                .delete(wtxn, key.as_slice())
+                .map_err(store.err("evict dedupe"))?;
         }
         metrics::gauge!(DEDUPE_IDS).set((count - doomed.len() as u64) as f64);
         if let Some(oldest) = oldest_kept {
-            metrics::gauge!(DEDUPE_WINDOW_SECONDS).set(clock_ms.saturating_sub(oldest) as f64 / 1000.0);
+            metrics::gauge!(DEDUPE_WINDOW_SECONDS)
+                .set(clock_ms.saturating_sub(oldest) as f64 / 1000.0);
         }
         Ok(doomed.len() as u64)
     }
@@ -337,14 +392,23 @@ mod tests {
             seq,
             stream_ms,
             pending: 1,
-            message: SpendMessage::Batch { source_ms: stream_ms, tuples },
+            message: SpendMessage::Batch {
+                source_ms: stream_ms,
+                tuples,
+            },
         }
     }
 
-    fn writer(dir: &std::path::Path, dedupe: DedupeLimits) -> (Writer, watch::Receiver<CheckpointRequest>) {
+    fn writer(
+        dir: &std::path::Path,
+        dedupe: DedupeLimits,
+    ) -> (Writer, watch::Receiver<CheckpointRequest>) {
         let store = Arc::new(Store::open(dir, 1 << 30).unwrap());
         let (tx, rx) = watch::channel((0, 0));
-        (Writer::new(store, dedupe, Arc::new(Dirty::new(0)), tx).unwrap(), rx)
+        (
+            Writer::new(store, dedupe, Arc::new(Dirty::new(0)), tx).unwrap(),
+            rx,
+        )
     }
 
     fn sums(store: &Store) -> (HashMap<String, u64>, HashMap<(String, u32), u64>) {
@@ -377,16 +441,36 @@ mod tests {
     fn sums_dedupes_by_id_and_skips_replays_by_seq() {
         let dir = tempfile::tempdir().unwrap();
         let (mut w, _rx) = writer(dir.path(), WIDE);
-        let first = vec![batch(1, 1000, vec![tuple("a", 5, 10, "i1"), tuple("a", 5, 7, "i2"), tuple("b", LIFETIME_BUCKET, 3, "i1")])];
+        let first = vec![batch(
+            1,
+            1000,
+            vec![
+                tuple("a", 5, 10, "i1"),
+                tuple("a", 5, 7, "i2"),
+                tuple("b", LIFETIME_BUCKET, 3, "i1"),
+            ],
+        )];
         let stats = w.apply_group(&first).unwrap();
         assert_eq!(stats.applied, 3);
         // Same sequence again (replay) and a re-emit of i1 under a new sequence.
         let again = vec![
             batch(1, 1000, vec![tuple("a", 5, 10, "i1")]),
-            batch(2, 1001, vec![tuple("a", 5, 10, "i1"), tuple("a", 6, 1, "i3")]),
+            batch(
+                2,
+                1001,
+                vec![tuple("a", 5, 10, "i1"), tuple("a", 6, 1, "i3")],
+            ),
         ];
         let stats = w.apply_group(&again).unwrap();
-        assert_eq!(stats, GroupStats { applied: 1, duplicates_by_id: 1, replayed_by_seq: 1, evicted: 0 });
+        assert_eq!(
+            stats,
+            GroupStats {
+                applied: 1,
+                duplicates_by_id: 1,
+                replayed_by_seq: 1,
+                evicted: 0
+            }
+        );
         let (lifetime, buckets) = sums(&w.store);
         assert_eq!(lifetime["a"], 18);
         assert_eq!(lifetime["b"], 3);
@@ -396,15 +480,21 @@ mod tests {
         assert_eq!(w.store.position().unwrap().1, 2);
         let (entries, seq, _, _) = w.dirty.take();
         assert_eq!(seq, 2);
-        assert!(entries.iter().any(|e| e.limit == "a" && e.bucket == 6 && e.bucket_micros == 1 && e.lifetime_micros == 18));
+        assert!(entries.iter().any(|e| e.limit == "a"
+            && e.bucket == 6
+            && e.bucket_micros == 1
+            && e.lifetime_micros == 18));
     }
 
     #[test]
     fn overflow_is_an_error_and_commits_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let (mut w, _rx) = writer(dir.path(), WIDE);
-        w.apply_group(&[batch(1, 1, vec![tuple("a", 1, u64::MAX, "i1")])]).unwrap();
-        let err = w.apply_group(&[batch(2, 2, vec![tuple("a", 1, 1, "i2")])]).unwrap_err();
+        w.apply_group(&[batch(1, 1, vec![tuple("a", 1, u64::MAX, "i1")])])
+            .unwrap();
+        let err = w
+            .apply_group(&[batch(2, 2, vec![tuple("a", 1, 1, "i2")])])
+            .unwrap_err();
         assert!(matches!(err, Error::Overflow { .. }), "{err}");
         assert_eq!(w.store.position().unwrap().1, 1);
     }
@@ -412,19 +502,42 @@ mod tests {
     #[test]
     fn window_evicts_by_time_and_by_count() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut w, _rx) = writer(dir.path(), DedupeLimits { window_ms: 100, max_ids: 3 });
-        w.apply_group(&[batch(1, 1000, vec![tuple("a", 1, 1, "i1"), tuple("a", 1, 1, "i2")])]).unwrap();
+        let (mut w, _rx) = writer(
+            dir.path(),
+            DedupeLimits {
+                window_ms: 100,
+                max_ids: 3,
+            },
+        );
+        w.apply_group(&[batch(
+            1,
+            1000,
+            vec![tuple("a", 1, 1, "i1"), tuple("a", 1, 1, "i2")],
+        )])
+        .unwrap();
         // 50 ms later: within the window, i1 is still known.
-        let s = w.apply_group(&[batch(2, 1050, vec![tuple("a", 1, 1, "i1"), tuple("a", 1, 1, "i3")])]).unwrap();
+        let s = w
+            .apply_group(&[batch(
+                2,
+                1050,
+                vec![tuple("a", 1, 1, "i1"), tuple("a", 1, 1, "i3")],
+            )])
+            .unwrap();
         assert_eq!((s.applied, s.duplicates_by_id), (1, 1));
         // Count bound 3: adding i4 evicts the oldest (i1 or i2 at t=1000).
-        let s = w.apply_group(&[batch(3, 1060, vec![tuple("a", 1, 1, "i4")])]).unwrap();
+        let s = w
+            .apply_group(&[batch(3, 1060, vec![tuple("a", 1, 1, "i4")])])
+            .unwrap();
         assert_eq!(s.evicted, 1);
         // At t=1200 everything before t=1100 is evicted (after that group's
         // lookups), so a later i3 counts again.
-        let s = w.apply_group(&[batch(4, 1200, vec![tuple("a", 1, 1, "i5")])]).unwrap();
+        let s = w
+            .apply_group(&[batch(4, 1200, vec![tuple("a", 1, 1, "i5")])])
+            .unwrap();
         assert_eq!(s.evicted, 3);
-        let s = w.apply_group(&[batch(5, 1201, vec![tuple("a", 1, 1, "i3")])]).unwrap();
+        let s = w
+            .apply_group(&[batch(5, 1201, vec![tuple("a", 1, 1, "i3")])])
+            .unwrap();
         assert_eq!((s.applied, s.duplicates_by_id), (1, 0));
         let txn = w.store.read_txn().unwrap();
         assert_eq!(w.store.dedupe.len(&txn).unwrap(), 2);
@@ -439,9 +552,18 @@ mod tests {
             seq,
             stream_ms: 5,
             pending: 0,
-            message: SpendMessage::Marker(CheckpointMarker { marker_id: 77, partition, emitted_ms: 5 }),
+            message: SpendMessage::Marker(CheckpointMarker {
+                marker_id: 77,
+                partition,
+                emitted_ms: 5,
+            }),
         };
-        w.apply_group(&[batch(1, 1, vec![tuple("a", 1, 1, "i")]), marker(2, 0), marker(3, 1)]).unwrap();
+        w.apply_group(&[
+            batch(1, 1, vec![tuple("a", 1, 1, "i")]),
+            marker(2, 0),
+            marker(3, 1),
+        ])
+        .unwrap();
         assert_eq!(*rx.borrow(), (1, 2));
     }
 }

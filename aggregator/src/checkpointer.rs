@@ -12,7 +12,9 @@ use std::time::Instant;
 
 use adspend_common::checkpoint::{CheckpointRecord, CheckpointStore};
 use adspend_common::snapshot_store::SnapshotStore;
-use adspend_common::telemetry::{CHECKPOINTS_COALESCED_TOTAL, CHECKPOINTS_TOTAL, CHECKPOINT_SECONDS, SNAPSHOT_BYTES};
+use adspend_common::telemetry::{
+    CHECKPOINTS_COALESCED_TOTAL, CHECKPOINTS_TOTAL, CHECKPOINT_SECONDS, SNAPSHOT_BYTES,
+};
 use adspend_common::{failpoint, now_ms};
 use heed::CompactionOption;
 use tokio::sync::watch;
@@ -62,7 +64,12 @@ impl Checkpointer {
                     metrics::counter!(CHECKPOINTS_TOTAL, "outcome" => "ok").increment(1);
                     metrics::histogram!(CHECKPOINT_SECONDS).record(started.elapsed().as_secs_f64());
                     metrics::gauge!(SNAPSHOT_BYTES).set(record.size_bytes as f64);
-                    tracing::debug!(id = record.checkpoint_id, seq = record.seq, bytes = record.size_bytes, "checkpoint recorded");
+                    tracing::debug!(
+                        id = record.checkpoint_id,
+                        seq = record.seq,
+                        bytes = record.size_bytes,
+                        "checkpoint recorded"
+                    );
                 }
                 Err(e @ Error::Common(adspend_common::Error::Fenced { .. })) => return Err(e),
                 Err(e) => {
@@ -82,7 +89,8 @@ impl Checkpointer {
         let copy_dir = dir.clone();
         let seq = tokio::task::spawn_blocking(move || -> Result<u64, Error> {
             let _ = std::fs::remove_dir_all(&copy_dir);
-            std::fs::create_dir_all(&copy_dir).map_err(adspend_common::Error::io("create", &copy_dir))?;
+            std::fs::create_dir_all(&copy_dir)
+                .map_err(adspend_common::Error::io("create", &copy_dir))?;
             // The copy's own read transaction starts after this one, so the
             // snapshot holds at least everything through `seq`.
             let seq = {

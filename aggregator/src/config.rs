@@ -84,9 +84,15 @@ impl Config {
         };
         let mut owned = Vec::new();
         for part in value.split(',') {
-            let p: u32 = part.trim().parse().map_err(|e| bad(format!("{part:?}: {e}")))?;
+            let p: u32 = part
+                .trim()
+                .parse()
+                .map_err(|e| bad(format!("{part:?}: {e}")))?;
             if p >= self.partitions.partitions {
-                return Err(bad(format!("partition {p} is not below ADSPEND_PARTITIONS={}", self.partitions.partitions)));
+                return Err(bad(format!(
+                    "partition {p} is not below ADSPEND_PARTITIONS={}",
+                    self.partitions.partitions
+                )));
             }
             owned.push(p);
         }
@@ -98,7 +104,13 @@ impl Config {
     /// The shard name: the unit of ownership, checkpoints and pushes.
     pub fn shard(&self) -> String {
         match self.owned() {
-            Ok(Some(list)) => format!("p{}", list.iter().map(u32::to_string).collect::<Vec<_>>().join("-")),
+            Ok(Some(list)) => format!(
+                "p{}",
+                list.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join("-")
+            ),
             _ => "all".to_string(),
         }
     }

@@ -27,13 +27,20 @@ pub async fn check_bounds(stream: &mut Stream, last_applied: u64) -> Result<(), 
     let needed = last_applied + 1;
     if last_seq < last_applied {
         metrics::counter!(STREAM_INTEGRITY_ERRORS_TOTAL, "kind" => "log_backwards").increment(1);
-        return Err(Error::LogBackwards { last_seq, last_applied });
+        return Err(Error::LogBackwards {
+            last_seq,
+            last_applied,
+        });
     }
     // An empty stream reports first = last + 1; nothing is missing then
     // unless messages we still need were deleted.
     if first_seq > needed && last_seq >= needed {
         metrics::counter!(STREAM_INTEGRITY_ERRORS_TOTAL, "kind" => "retention_gap").increment(1);
-        return Err(Error::RetentionGap { first_seq, needed, last_applied });
+        return Err(Error::RetentionGap {
+            first_seq,
+            needed,
+            last_applied,
+        });
     }
     Ok(())
 }
@@ -98,10 +105,11 @@ impl Consumer {
                 if seq < self.next_seq {
                     continue;
                 }
-                let decoded = decode_spend(&message.payload).map_err(|e| Error::BadSpendMessage {
-                    seq,
-                    reason: e.to_string(),
-                })?;
+                let decoded =
+                    decode_spend(&message.payload).map_err(|e| Error::BadSpendMessage {
+                        seq,
+                        reason: e.to_string(),
+                    })?;
                 let incoming = Incoming {
                     seq,
                     stream_ms: (info.published.unix_timestamp_nanos() / 1_000_000) as i64,

@@ -48,8 +48,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let epoch = records.acquire_epoch().await?;
     let record = records.load().await?;
     let map_size = usize::try_from(config.lmdb_map_gib << 30).unwrap_or(usize::MAX);
-    let (store, lineage, start) =
-        restore::open_or_restore(&data_dir.join("lmdb"), &tmp_dir, record.as_ref(), &snapshots, map_size).await?;
+    let (store, lineage, start) = restore::open_or_restore(
+        &data_dir.join("lmdb"),
+        &tmp_dir,
+        record.as_ref(),
+        &snapshots,
+        map_size,
+    )
+    .await?;
     let store = Arc::new(store);
     let (_, last_applied) = store.position()?;
 
@@ -127,7 +133,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
             }
         });
     }
-    let pusher = push::Pusher::new(client.clone(), store.clone(), dirty, shard, epoch, config.push_interval());
+    let pusher = push::Pusher::new(
+        client.clone(),
+        store.clone(),
+        dirty,
+        shard,
+        epoch,
+        config.push_interval(),
+    );
     let push_stop = CancellationToken::new();
     let push_task = {
         let (stop, fail) = (push_stop.clone(), fail.clone());

@@ -85,8 +85,14 @@ impl Pusher {
         if entries.is_empty() && self.last_push.elapsed() < HEARTBEAT {
             return;
         }
-        self.publish(entries, seq, watermark_ms, source_ms.unwrap_or(watermark_ms), false)
-            .await;
+        self.publish(
+            entries,
+            seq,
+            watermark_ms,
+            source_ms.unwrap_or(watermark_ms),
+            false,
+        )
+        .await;
     }
 
     async fn push_full(&mut self) {
@@ -94,16 +100,29 @@ impl Pusher {
         let read = tokio::task::spawn_blocking(move || read_full(&store)).await;
         let (entries, seq) = match read {
             Ok(Ok(full)) => full,
-            Ok(Err(e)) => return tracing::error!(error = %e, "reading full state for resync failed"),
+            Ok(Err(e)) => {
+                return tracing::error!(error = %e, "reading full state for resync failed")
+            }
             Err(e) => return tracing::error!(error = %e, "resync task failed"),
         };
         let (_, watermark_ms) = self.dirty.position();
-        self.publish(entries, seq, watermark_ms, watermark_ms, true).await;
+        self.publish(entries, seq, watermark_ms, watermark_ms, true)
+            .await;
     }
 
-    async fn publish(&mut self, entries: Vec<SumEntry>, seq: u64, watermark_ms: i64, source_ms: i64, full: bool) {
+    async fn publish(
+        &mut self,
+        entries: Vec<SumEntry>,
+        seq: u64,
+        watermark_ms: i64,
+        source_ms: i64,
+        full: bool,
+    ) {
         let subject = sums_subject(&self.shard);
-        let mut chunks: Vec<Vec<SumEntry>> = entries.chunks(ENTRIES_PER_PUSH).map(<[_]>::to_vec).collect();
+        let mut chunks: Vec<Vec<SumEntry>> = entries
+            .chunks(ENTRIES_PER_PUSH)
+            .map(<[_]>::to_vec)
+            .collect();
         if chunks.is_empty() {
             chunks.push(Vec::new());
         }
@@ -121,7 +140,9 @@ impl Pusher {
             };
             // Core NATS: at most once. Loss shows up as a push_seq gap and
             // the pacer asks for a resync.
-            let publish = self.client.publish(subject.clone(), encode_sums(&update).into());
+            let publish = self
+                .client
+                .publish(subject.clone(), encode_sums(&update).into());
             match tokio::time::timeout(PUBLISH_TIMEOUT, publish).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => tracing::warn!(error = %e, "sums push failed"),
@@ -142,7 +163,11 @@ pub fn read_full(store: &Store) -> Result<(Vec<SumEntry>, u64), Error> {
     let seq = store.last_applied_seq(&txn)?;
     let mut entries = Vec::new();
     let mut lifetimes = std::collections::HashMap::new();
-    for item in store.lifetime.iter(&txn).map_err(store.err("iterate lifetime"))? {
+    for item in store
+        .lifetime
+        .iter(&txn)
+        .map_err(store.err("iterate lifetime"))?
+    {
         let (limit, total) = item.map_err(store.err("iterate lifetime"))?;
         lifetimes.insert(limit.to_string(), total);
         entries.push(SumEntry {
@@ -156,7 +181,9 @@ pub fn read_full(store: &Store) -> Result<(Vec<SumEntry>, u64), Error> {
     let oldest_wanted = today.saturating_sub(2);
     for item in store.sums.iter(&txn).map_err(store.err("iterate sums"))? {
         let (key, total) = item.map_err(store.err("iterate sums"))?;
-        let Some((limit, bucket)) = parse_sum_key(key) else { continue };
+        let Some((limit, bucket)) = parse_sum_key(key) else {
+            continue;
+        };
         if bucket >= oldest_wanted {
             entries.push(SumEntry {
                 limit: limit.to_string(),

@@ -90,9 +90,12 @@ pub async fn open_or_restore(
     };
     let restore_dir = tmp_dir.join("restore");
     let _ = std::fs::remove_dir_all(&restore_dir);
-    std::fs::create_dir_all(&restore_dir).map_err(adspend_common::Error::io("create", &restore_dir))?;
+    std::fs::create_dir_all(&restore_dir)
+        .map_err(adspend_common::Error::io("create", &restore_dir))?;
     let key = &record.snapshot_key;
-    let (size, checksum) = snapshots.download(key, &restore_dir.join(DATA_FILE)).await?;
+    let (size, checksum) = snapshots
+        .download(key, &restore_dir.join(DATA_FILE))
+        .await?;
     if size != record.size_bytes || checksum != record.checksum {
         return Err(adspend_common::Error::SnapshotCorrupt {
             key: format!("{}/{key}", snapshots.url()),
@@ -121,7 +124,8 @@ pub async fn open_or_restore(
     if lmdb_dir.exists() {
         std::fs::remove_dir_all(lmdb_dir).map_err(adspend_common::Error::io("remove", lmdb_dir))?;
     }
-    std::fs::rename(&restore_dir, lmdb_dir).map_err(adspend_common::Error::io("rename", lmdb_dir))?;
+    std::fs::rename(&restore_dir, lmdb_dir)
+        .map_err(adspend_common::Error::io("rename", lmdb_dir))?;
     if let Some(parent) = lmdb_dir.parent() {
         adspend_common::checkpoint::fsync_dir(parent)?;
     }

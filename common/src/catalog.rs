@@ -119,7 +119,9 @@ pub fn bucket_date(bucket: u32) -> Option<NaiveDate> {
 /// (a DST jump at midnight), the day starts at the first instant that does.
 pub fn day_start(tz: Tz, bucket: u32) -> DateTime<Utc> {
     let date = bucket_date(bucket).unwrap_or(EPOCH_DAY);
-    let mut local = date.and_hms_opt(0, 0, 0).expect("midnight exists as a naive time");
+    let mut local = date
+        .and_hms_opt(0, 0, 0)
+        .expect("midnight exists as a naive time");
     for _ in 0..4 * 24 {
         match tz.from_local_datetime(&local) {
             LocalResult::Single(t) => return t.with_timezone(&Utc),
@@ -280,16 +282,22 @@ mod tests {
     #[test]
     fn rejects_bad_documents_with_a_reason() {
         assert!(err_of("{").contains("test.json"));
-        assert!(err_of(r#"{"limits":{"a":{"budget_micros":-1,"period":"daily"}}}"#)
-            .contains("invalid value"));
-        assert!(err_of(r#"{"limits":{"a":{"budget_micros":1.5,"period":"daily"}}}"#)
-            .contains("invalid type"));
-        assert!(err_of(r#"{"limits":{"a":{"budget_micros":1,"period":"weekly"}}}"#)
-            .contains("unknown variant"));
         assert!(
-            err_of(r#"{"limits":{"a":{"budget_micros":1,"period":"daily","time_zone":"Mars/Base"}}}"#)
-                .contains("unknown time zone")
+            err_of(r#"{"limits":{"a":{"budget_micros":-1,"period":"daily"}}}"#)
+                .contains("invalid value")
         );
+        assert!(
+            err_of(r#"{"limits":{"a":{"budget_micros":1.5,"period":"daily"}}}"#)
+                .contains("invalid type")
+        );
+        assert!(
+            err_of(r#"{"limits":{"a":{"budget_micros":1,"period":"weekly"}}}"#)
+                .contains("unknown variant")
+        );
+        assert!(err_of(
+            r#"{"limits":{"a":{"budget_micros":1,"period":"daily","time_zone":"Mars/Base"}}}"#
+        )
+        .contains("unknown time zone"));
         assert!(
             err_of(r#"{"limits":{"a":{"budget_micros":1,"period":"daily","parent":"b"}}}"#)
                 .contains("parent \"b\" is not a limit")
@@ -299,10 +307,10 @@ mod tests {
                            "b":{"budget_micros":1,"period":"daily","parent":"a"}}}"#
         )
         .contains("cycle"));
-        assert!(
-            err_of(r#"{"limits":{"a":{"budget_micros":1,"period":"daily"}},"ads":{"x":["b"]}}"#)
-                .contains("limit \"b\" is not in")
-        );
+        assert!(err_of(
+            r#"{"limits":{"a":{"budget_micros":1,"period":"daily"}},"ads":{"x":["b"]}}"#
+        )
+        .contains("limit \"b\" is not in"));
         assert!(
             err_of(r#"{"limits":{"a":{"budget_micros":1,"period":"daily"}},"ads":{"x":[]}}"#)
                 .contains("lists no limits")
@@ -324,7 +332,9 @@ mod tests {
         // 04:30 UTC is still 2026-03-07 in New York.
         let ts = Utc.with_ymd_and_hms(2026, 3, 8, 4, 30, 0).unwrap();
         assert_eq!(
-            bucket_date(local_day(ny, ts.timestamp_millis())).unwrap().to_string(),
+            bucket_date(local_day(ny, ts.timestamp_millis()))
+                .unwrap()
+                .to_string(),
             "2026-03-07"
         );
     }
@@ -332,19 +342,50 @@ mod tests {
     #[test]
     fn dst_days_are_23_and_25_hours_long() {
         let ny = chrono_tz::America::New_York;
-        let spring = local_day(ny, Utc.with_ymd_and_hms(2026, 3, 8, 12, 0, 0).unwrap().timestamp_millis());
-        let autumn = local_day(ny, Utc.with_ymd_and_hms(2026, 11, 1, 12, 0, 0).unwrap().timestamp_millis());
+        let spring = local_day(
+            ny,
+            Utc.with_ymd_and_hms(2026, 3, 8, 12, 0, 0)
+                .unwrap()
+                .timestamp_millis(),
+        );
+        let autumn = local_day(
+            ny,
+            Utc.with_ymd_and_hms(2026, 11, 1, 12, 0, 0)
+                .unwrap()
+                .timestamp_millis(),
+        );
         let hours = |b: u32| (day_start(ny, b + 1) - day_start(ny, b)).num_hours();
         assert_eq!(hours(spring), 23);
         assert_eq!(hours(autumn), 25);
         // Quarter-hour offset: Kathmandu (+05:45) days start at hh:15 UTC.
         let kathmandu = chrono_tz::Asia::Kathmandu;
-        let b = local_day(kathmandu, Utc.with_ymd_and_hms(2026, 6, 1, 0, 0, 0).unwrap().timestamp_millis());
-        assert_eq!(day_start(kathmandu, b + 1).timestamp_millis().rem_euclid(3_600_000), 15 * 60_000);
+        let b = local_day(
+            kathmandu,
+            Utc.with_ymd_and_hms(2026, 6, 1, 0, 0, 0)
+                .unwrap()
+                .timestamp_millis(),
+        );
+        assert_eq!(
+            day_start(kathmandu, b + 1)
+                .timestamp_millis()
+                .rem_euclid(3_600_000),
+            15 * 60_000
+        );
     }
 
-    fn arb_catalog() -> impl Strategy<Value = (Vec<(String, u64, bool, Option<usize>)>, Vec<Vec<usize>>)> {
-        let limits = prop::collection::vec(("[a-z0-9-]{1,64}", any::<u64>(), any::<bool>(), any::<Option<usize>>()), 1..20);
+    /// (limits as (id, budget, daily?, parent pick), ads as limit picks).
+    type CatalogShape = (Vec<(String, u64, bool, Option<usize>)>, Vec<Vec<usize>>);
+
+    fn arb_catalog() -> impl Strategy<Value = CatalogShape> {
+        let limits = prop::collection::vec(
+            (
+                "[a-z0-9-]{1,64}",
+                any::<u64>(),
+                any::<bool>(),
+                any::<Option<usize>>(),
+            ),
+            1..20,
+        );
         let ads = prop::collection::vec(prop::collection::vec(any::<usize>(), 1..4), 0..20);
         (limits, ads)
     }

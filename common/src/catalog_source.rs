@@ -84,7 +84,10 @@ impl CatalogSource {
                         reason: e.to_string(),
                     }
                 };
-                let response = client.get(key.as_str(), None).await.map_err(etcd_err("get", &key))?;
+                let response = client
+                    .get(key.as_str(), None)
+                    .await
+                    .map_err(etcd_err("get", &key))?;
                 let kv = response.kvs().first().ok_or_else(|| Error::Catalog {
                     source_name: format!("etcd://{key}"),
                     reason: "key not found".into(),
@@ -116,7 +119,12 @@ async fn read_file(path: &PathBuf) -> Result<(Vec<u8>, FileStamp)> {
 fn publish(tx: &watch::Sender<Arc<Catalog>>, source: &str, bytes: &[u8]) {
     match Catalog::parse(source, bytes) {
         Ok(catalog) => {
-            tracing::info!(source, limits = catalog.limits.len(), ads = catalog.ads.len(), "catalog reloaded");
+            tracing::info!(
+                source,
+                limits = catalog.limits.len(),
+                ads = catalog.ads.len(),
+                "catalog reloaded"
+            );
             metrics::counter!(CATALOG_RELOADS_TOTAL).increment(1);
             tx.send_replace(Arc::new(catalog));
         }
@@ -127,7 +135,12 @@ fn publish(tx: &watch::Sender<Arc<Catalog>>, source: &str, bytes: &[u8]) {
     }
 }
 
-async fn poll_file(path: PathBuf, mut stamp: FileStamp, tx: watch::Sender<Arc<Catalog>>, cancel: CancellationToken) {
+async fn poll_file(
+    path: PathBuf,
+    mut stamp: FileStamp,
+    tx: watch::Sender<Arc<Catalog>>,
+    cancel: CancellationToken,
+) {
     let source = path.display().to_string();
     loop {
         tokio::select! {
@@ -185,7 +198,10 @@ async fn watch_etcd(
                             if event.event_type() == etcd_client::EventType::Put {
                                 publish(&tx, &source, kv.value());
                             } else {
-                                tracing::error!(key, "catalog key deleted; keeping the previous catalog");
+                                tracing::error!(
+                                    key,
+                                    "catalog key deleted; keeping the previous catalog"
+                                );
                                 metrics::counter!(CATALOG_ERRORS_TOTAL).increment(1);
                             }
                         }

@@ -29,7 +29,7 @@ pub struct CheckpointRecord {
 
 pub enum CheckpointStore {
     Etcd {
-        client: etcd_client::Client,
+        client: Box<etcd_client::Client>,
         epoch_key: String,
         record_key: String,
         shard: String,
@@ -76,7 +76,7 @@ impl CheckpointStore {
                 shard: shard.to_string(),
             });
         }
-        let client = crate::etcd::connect(etcd_endpoints).await?;
+        let client = Box::new(crate::etcd::connect(etcd_endpoints).await?);
         Ok(CheckpointStore::Etcd {
             client,
             epoch_key: format!("/adspend/shards/{shard}/epoch"),
@@ -99,14 +99,23 @@ impl CheckpointStore {
                 let (epoch, compare) = match current.kvs().first() {
                     Some(kv) => (
                         parse_epoch(kv.value()),
-                        Compare::mod_revision(epoch_key.as_str(), CompareOp::Equal, kv.mod_revision()),
+                        Compare::mod_revision(
+                            epoch_key.as_str(),
+                            CompareOp::Equal,
+                            kv.mod_revision(),
+                        ),
                     ),
-                    None => (0, Compare::create_revision(epoch_key.as_str(), CompareOp::Equal, 0)),
+                    None => (
+                        0,
+                        Compare::create_revision(epoch_key.as_str(), CompareOp::Equal, 0),
+                    ),
                 };
                 let next = epoch + 1;
-                let txn = Txn::new()
-                    .when(vec![compare])
-                    .and_then(vec![TxnOp::put(epoch_key.as_str(), next.to_string(), None)]);
+                let txn = Txn::new().when(vec![compare]).and_then(vec![TxnOp::put(
+                    epoch_key.as_str(),
+                    next.to_string(),
+                    None,
+                )]);
                 let response = client.txn(txn).await.map_err(etcd_err("txn", epoch_key))?;
                 if response.succeeded() {
                     return Ok(next);
@@ -136,7 +145,11 @@ impl CheckpointStore {
                     .get(epoch_key.as_str(), None)
                     .await
                     .map_err(etcd_err("get", epoch_key))?;
-                Ok(response.kvs().first().map(|kv| parse_epoch(kv.value())).unwrap_or(0))
+                Ok(response
+                    .kvs()
+                    .first()
+                    .map(|kv| parse_epoch(kv.value()))
+                    .unwrap_or(0))
             }
             CheckpointStore::Local { dir, .. } => {
                 let path = dir.join("epoch");

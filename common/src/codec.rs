@@ -74,27 +74,33 @@ mod tests {
     use proptest::prelude::*;
 
     fn tuple() -> impl Strategy<Value = SpendTuple> {
-        ("[a-z0-9-]{1,64}", any::<u32>(), any::<u64>(), any::<[u8; 16]>()).prop_map(
-            |(limit, bucket, cost_micros, id)| SpendTuple {
+        (
+            "[a-z0-9-]{1,64}",
+            any::<u32>(),
+            any::<u64>(),
+            any::<[u8; 16]>(),
+        )
+            .prop_map(|(limit, bucket, cost_micros, id)| SpendTuple {
                 limit,
                 bucket,
                 cost_micros,
                 msg_id: MsgId(id),
-            },
-        )
+            })
     }
 
     fn spend_message() -> impl Strategy<Value = SpendMessage> {
         prop_oneof![
             (any::<i64>(), prop::collection::vec(tuple(), 0..50))
                 .prop_map(|(source_ms, tuples)| SpendMessage::Batch { source_ms, tuples }),
-            (any::<u64>(), any::<u32>(), any::<i64>()).prop_map(|(marker_id, partition, emitted_ms)| {
-                SpendMessage::Marker(CheckpointMarker {
-                    marker_id,
-                    partition,
-                    emitted_ms,
-                })
-            }),
+            (any::<u64>(), any::<u32>(), any::<i64>()).prop_map(
+                |(marker_id, partition, emitted_ms)| {
+                    SpendMessage::Marker(CheckpointMarker {
+                        marker_id,
+                        partition,
+                        emitted_ms,
+                    })
+                }
+            ),
         ]
     }
 

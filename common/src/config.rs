@@ -12,7 +12,11 @@ use crate::error::Error;
 #[derive(Args, Clone, Debug)]
 pub struct NatsArgs {
     /// NATS server URL(s), comma-separated.
-    #[arg(long = "nats-url", env = "ADSPEND_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    #[arg(
+        long = "nats-url",
+        env = "ADSPEND_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
     pub nats_url: String,
 }
 
@@ -20,7 +24,11 @@ pub struct NatsArgs {
 pub struct EtcdArgs {
     /// Comma-separated etcd endpoints; empty means single-machine mode
     /// (checkpoint records kept in the data directory).
-    #[arg(long = "etcd-endpoints", env = "ADSPEND_ETCD_ENDPOINTS", default_value = "")]
+    #[arg(
+        long = "etcd-endpoints",
+        env = "ADSPEND_ETCD_ENDPOINTS",
+        default_value = ""
+    )]
     pub etcd_endpoints: String,
 }
 
@@ -61,7 +69,11 @@ impl EtcdArgs {
 #[derive(Args, Clone, Debug)]
 pub struct CatalogArgs {
     /// Catalog source: a file path, or etcd:///<key> (uses ADSPEND_ETCD_ENDPOINTS).
-    #[arg(long = "catalog", env = "ADSPEND_CATALOG", default_value = "./catalog.json")]
+    #[arg(
+        long = "catalog",
+        env = "ADSPEND_CATALOG",
+        default_value = "./catalog.json"
+    )]
     pub catalog: String,
 }
 
@@ -88,9 +100,11 @@ pub fn data_dir_or_default(data_dir: &Option<PathBuf>, service: &str) -> PathBuf
 
 /// Parse a listen address with a clear error naming the setting.
 pub fn parse_addr(name: &'static str, value: &str) -> Result<std::net::SocketAddr, Error> {
-    value.parse().map_err(|e: std::net::AddrParseError| Error::Config {
-        name,
-        value: value.to_string(),
-        reason: e.to_string(),
-    })
+    value
+        .parse()
+        .map_err(|e: std::net::AddrParseError| Error::Config {
+            name,
+            value: value.to_string(),
+            reason: e.to_string(),
+        })
 }

@@ -18,7 +18,10 @@ mod armed {
             spec.split(',')
                 .filter(|s| !s.is_empty())
                 .map(|s| match s.split_once('@') {
-                    Some((name, n)) => (name.to_string(), (n.parse().unwrap_or(1), AtomicU64::new(0))),
+                    Some((name, n)) => (
+                        name.to_string(),
+                        (n.parse().unwrap_or(1), AtomicU64::new(0)),
+                    ),
                     None => (s.to_string(), (1, AtomicU64::new(0))),
                 })
                 .collect()

@@ -56,7 +56,8 @@ impl SnapshotStore {
                 return Err(bad("no directory after file://".into()));
             }
             let root = PathBuf::from(path);
-            std::fs::create_dir_all(&root).map_err(|e| bad(format!("cannot create directory: {e}")))?;
+            std::fs::create_dir_all(&root)
+                .map_err(|e| bad(format!("cannot create directory: {e}")))?;
             let root = root
                 .canonicalize()
                 .map_err(|e| bad(format!("cannot resolve directory: {e}")))?;
@@ -85,7 +86,9 @@ impl SnapshotStore {
                 local_root: None,
             });
         }
-        Err(bad("expected file:///<dir> or s3://<bucket>/<prefix>".into()))
+        Err(bad(
+            "expected file:///<dir> or s3://<bucket>/<prefix>".into()
+        ))
     }
 
     pub fn url(&self) -> &str {
@@ -93,7 +96,11 @@ impl SnapshotStore {
     }
 
     fn path(&self, key: &str) -> ObjectPath {
-        let mut parts: Vec<String> = self.prefix.parts().map(|p| p.as_ref().to_string()).collect();
+        let mut parts: Vec<String> = self
+            .prefix
+            .parts()
+            .map(|p| p.as_ref().to_string())
+            .collect();
         parts.extend(key.split('/').filter(|s| !s.is_empty()).map(str::to_string));
         ObjectPath::from_iter(parts)
     }
@@ -101,13 +108,20 @@ impl SnapshotStore {
     fn err(&self, op: &'static str, key: &str) -> impl FnOnce(String) -> Error {
         let url = self.url.clone();
         let key = key.to_string();
-        move |reason| Error::ObjectStore { url, op, key, reason }
+        move |reason| Error::ObjectStore {
+            url,
+            op,
+            key,
+            reason,
+        }
     }
 
     /// Upload a local file as `key`; returns (size, checksum).
     pub async fn upload(&self, key: &str, file: &Path) -> Result<(u64, String)> {
         let path = self.path(key);
-        let mut input = tokio::fs::File::open(file).await.map_err(Error::io("open", file))?;
+        let mut input = tokio::fs::File::open(file)
+            .await
+            .map_err(Error::io("open", file))?;
         let upload = self
             .store
             .put_multipart(&path)
@@ -157,7 +171,9 @@ impl SnapshotStore {
             .get(&self.path(key))
             .await
             .map_err(|e| self.err("download", key)(e.to_string()))?;
-        let mut out = tokio::fs::File::create(dest).await.map_err(Error::io("create", dest))?;
+        let mut out = tokio::fs::File::create(dest)
+            .await
+            .map_err(Error::io("create", dest))?;
         let mut stream = result.into_stream();
         let mut checksum = Checksum::default();
         let mut size = 0u64;
@@ -165,7 +181,9 @@ impl SnapshotStore {
             let chunk = chunk.map_err(|e| self.err("download", key)(e.to_string()))?;
             checksum.update(&chunk);
             size += chunk.len() as u64;
-            out.write_all(&chunk).await.map_err(Error::io("write", dest))?;
+            out.write_all(&chunk)
+                .await
+                .map_err(Error::io("write", dest))?;
         }
         out.sync_all().await.map_err(Error::io("fsync", dest))?;
         Ok((size, checksum.finish()))
@@ -217,10 +235,17 @@ mod tests {
         let (size2, sum2) = store.download("shard/a.mdb", &dest).await.unwrap();
         assert_eq!((size, &sum), (size2, &sum2));
         assert_eq!(std::fs::read(&dest).unwrap(), data);
-        assert_eq!(store.list("shard").await.unwrap(), vec!["shard/a.mdb".to_string()]);
+        assert_eq!(
+            store.list("shard").await.unwrap(),
+            vec!["shard/a.mdb".to_string()]
+        );
         store.delete("shard/a.mdb").await.unwrap();
         assert!(store.list("shard").await.unwrap().is_empty());
-        let err = store.download("shard/a.mdb", &dest).await.unwrap_err().to_string();
+        let err = store
+            .download("shard/a.mdb", &dest)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("shard/a.mdb"), "{err}");
     }
 

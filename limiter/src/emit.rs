@@ -84,7 +84,8 @@ impl Output {
                                 cost_micros: impression.cost_micros,
                                 msg_id: MsgId::derive(&limit.id, &impression.id),
                             };
-                            self.partitions[partition_of(&limit.id, partitions) as usize].push(tuple);
+                            self.partitions[partition_of(&limit.id, partitions) as usize]
+                                .push(tuple);
                         }
                         continue;
                     }
@@ -123,15 +124,26 @@ mod tests {
 
     #[test]
     fn maps_good_lines_and_dead_letters_bad_ones() {
-        let payload = b"{\"id\":\"i1\",\"ad_id\":\"ad-1\",\"cost_micros\":7,\"ts\":1700000000000}\n\
+        let payload =
+            b"{\"id\":\"i1\",\"ad_id\":\"ad-1\",\"cost_micros\":7,\"ts\":1700000000000}\n\
                         garbage\n\
                         \n\
                         {\"id\":\"i2\",\"ad_id\":\"nope\",\"cost_micros\":7,\"ts\":1}\n";
         let mut out = Output::new(4);
-        out.add(&Input { stream_seq: 9, payload }, &catalog());
+        out.add(
+            &Input {
+                stream_seq: 9,
+                payload,
+            },
+            &catalog(),
+        );
         assert_eq!(out.impressions, 1);
         assert_eq!(out.tuples(), 2);
-        let reasons: Vec<_> = out.dead_letters.iter().map(|d| (d.reason, d.line_no)).collect();
+        let reasons: Vec<_> = out
+            .dead_letters
+            .iter()
+            .map(|d| (d.reason, d.line_no))
+            .collect();
         assert_eq!(reasons, vec![("invalid_json", 1), ("unknown_ad", 3)]);
         assert_eq!(out.dead_letters[0].msg_id(), "9-1");
         let all: Vec<&SpendTuple> = out.partitions.iter().flatten().collect();
@@ -139,10 +151,21 @@ mod tests {
         assert_eq!(s.bucket, adspend_common::types::LIFETIME_BUCKET);
         assert_eq!(s.msg_id, MsgId::derive("s", "i1"));
         let c = all.iter().find(|t| t.limit == "c").unwrap();
-        assert_eq!(adspend_common::catalog::bucket_date(c.bucket).unwrap().to_string(), "2023-11-15");
+        assert_eq!(
+            adspend_common::catalog::bucket_date(c.bucket)
+                .unwrap()
+                .to_string(),
+            "2023-11-15"
+        );
         // The same input maps to the same output: a re-emit carries the same ids.
         let mut again = Output::new(4);
-        again.add(&Input { stream_seq: 9, payload }, &catalog());
+        again.add(
+            &Input {
+                stream_seq: 9,
+                payload,
+            },
+            &catalog(),
+        );
         assert_eq!(again.partitions, out.partitions);
     }
 }

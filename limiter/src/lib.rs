@@ -32,8 +32,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
-pub use error::Error;
 use emit::{Input, Output};
+pub use error::Error;
 
 /// How long JetStream waits for an acknowledgement before redelivering. Short,
 /// so that input a stopped limiter had pulled is redelivered soon; a chunk is
@@ -176,8 +176,12 @@ impl Limiter {
         let ack = tokio::time::timeout(PUBLISH_TIMEOUT, last.double_ack());
         match ack.await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "input ack failed; the chunk will be redelivered and deduplicated"),
-            Err(_) => tracing::warn!("input ack timed out; the chunk will be redelivered and deduplicated"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "input ack failed; the chunk will be redelivered and deduplicated")
+            }
+            Err(_) => tracing::warn!(
+                "input ack timed out; the chunk will be redelivered and deduplicated"
+            ),
         }
     }
 
@@ -192,7 +196,11 @@ impl Limiter {
                     source_ms,
                     tuples: part.to_vec(),
                 });
-                messages.push((spend_subject(partition as u32), HeaderMap::new(), payload.into()));
+                messages.push((
+                    spend_subject(partition as u32),
+                    HeaderMap::new(),
+                    payload.into(),
+                ));
             }
         }
         let spend_messages = messages.len();
@@ -201,7 +209,11 @@ impl Limiter {
             headers.insert("Nats-Msg-Id", letter.msg_id().as_str());
             headers.insert("Adspend-Reason", letter.reason);
             let payload = serde_json::to_vec(letter).expect("a dead letter serializes");
-            messages.push((format!("deadletter.{}", letter.reason), headers, payload.into()));
+            messages.push((
+                format!("deadletter.{}", letter.reason),
+                headers,
+                payload.into(),
+            ));
         }
         let published = self.publish_all(&messages).await;
         if let Publish::Done = published {

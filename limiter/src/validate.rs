@@ -79,14 +79,18 @@ pub fn parse_line(line: &[u8]) -> Result<Impression<'_>, Rejection> {
         };
         reject(reason, e.to_string())
     })?;
-    let id = raw.id.ok_or_else(|| reject(Reason::MissingField, "missing \"id\""))?;
+    let id = raw
+        .id
+        .ok_or_else(|| reject(Reason::MissingField, "missing \"id\""))?;
     let ad_id = raw
         .ad_id
         .ok_or_else(|| reject(Reason::MissingField, "missing \"ad_id\""))?;
     let cost = raw
         .cost_micros
         .ok_or_else(|| reject(Reason::MissingField, "missing \"cost_micros\""))?;
-    let ts = raw.ts.ok_or_else(|| reject(Reason::MissingField, "missing \"ts\""))?;
+    let ts = raw
+        .ts
+        .ok_or_else(|| reject(Reason::MissingField, "missing \"ts\""))?;
     if id.is_empty() || id.len() > MAX_ID_LEN {
         return Err(reject(
             Reason::IdTooLong,
@@ -96,13 +100,19 @@ pub fn parse_line(line: &[u8]) -> Result<Impression<'_>, Rejection> {
     if ad_id.is_empty() || ad_id.len() > MAX_ID_LEN {
         return Err(reject(
             Reason::IdTooLong,
-            format!("\"ad_id\" must be 1..={MAX_ID_LEN} bytes, has {}", ad_id.len()),
+            format!(
+                "\"ad_id\" must be 1..={MAX_ID_LEN} bytes, has {}",
+                ad_id.len()
+            ),
         ));
     }
     let cost_micros = match cost.as_u64() {
         Some(c) => c,
         None if cost.is_i64() => {
-            return Err(reject(Reason::NegativeCost, format!("cost_micros {cost} is negative")))
+            return Err(reject(
+                Reason::NegativeCost,
+                format!("cost_micros {cost} is negative"),
+            ))
         }
         None => {
             // A float: fractional micros, or an integer too large for u64.
@@ -120,7 +130,12 @@ pub fn parse_line(line: &[u8]) -> Result<Impression<'_>, Rejection> {
     let ts_ms = ts
         .as_i64()
         .filter(|t| (0..=MAX_TS_MS).contains(t))
-        .ok_or_else(|| reject(Reason::InvalidTs, format!("ts {ts} is not unix milliseconds")))?;
+        .ok_or_else(|| {
+            reject(
+                Reason::InvalidTs,
+                format!("ts {ts} is not unix milliseconds"),
+            )
+        })?;
     Ok(Impression {
         id,
         ad_id,
@@ -140,8 +155,10 @@ mod tests {
 
     #[test]
     fn accepts_the_contract_format_and_ignores_unknown_fields() {
-        let i = parse_line(br#"{"id":"i-1","ad_id":"ad-1","cost_micros":1500,"ts":1700000000000,"x":[1]}"#)
-            .unwrap();
+        let i = parse_line(
+            br#"{"id":"i-1","ad_id":"ad-1","cost_micros":1500,"ts":1700000000000,"x":[1]}"#,
+        )
+        .unwrap();
         assert_eq!(i.id, "i-1");
         assert_eq!(i.ad_id, "ad-1");
         assert_eq!(i.cost_micros, 1500);
@@ -154,19 +171,57 @@ mod tests {
     fn every_bad_kind_has_its_reason() {
         assert_eq!(reason("not json"), Reason::InvalidJson);
         assert_eq!(reason("{\"id\":\"a\""), Reason::InvalidJson);
-        assert_eq!(reason(r#"{"ad_id":"a","cost_micros":1,"ts":1}"#), Reason::MissingField);
-        assert_eq!(reason(r#"{"id":"a","ad_id":"a","ts":1}"#), Reason::MissingField);
-        assert_eq!(reason(r#"{"id":"a","ad_id":"a","cost_micros":1}"#), Reason::MissingField);
-        assert_eq!(reason(r#"{"id":"a","ad_id":"a","cost_micros":-5,"ts":1}"#), Reason::NegativeCost);
-        assert_eq!(reason(r#"{"id":"a","ad_id":"a","cost_micros":-5.5,"ts":1}"#), Reason::NegativeCost);
-        assert_eq!(reason(r#"{"id":"a","ad_id":"a","cost_micros":12.5,"ts":1}"#), Reason::FractionalCost);
-        assert_eq!(reason(r#"{"id":"a","ad_id":"a","cost_micros":"12","ts":1}"#), Reason::InvalidField);
-        assert_eq!(reason(r#"{"id":"a","ad_id":"a","cost_micros":1e30,"ts":1}"#), Reason::InvalidField);
+        assert_eq!(
+            reason(r#"{"ad_id":"a","cost_micros":1,"ts":1}"#),
+            Reason::MissingField
+        );
+        assert_eq!(
+            reason(r#"{"id":"a","ad_id":"a","ts":1}"#),
+            Reason::MissingField
+        );
+        assert_eq!(
+            reason(r#"{"id":"a","ad_id":"a","cost_micros":1}"#),
+            Reason::MissingField
+        );
+        assert_eq!(
+            reason(r#"{"id":"a","ad_id":"a","cost_micros":-5,"ts":1}"#),
+            Reason::NegativeCost
+        );
+        assert_eq!(
+            reason(r#"{"id":"a","ad_id":"a","cost_micros":-5.5,"ts":1}"#),
+            Reason::NegativeCost
+        );
+        assert_eq!(
+            reason(r#"{"id":"a","ad_id":"a","cost_micros":12.5,"ts":1}"#),
+            Reason::FractionalCost
+        );
+        assert_eq!(
+            reason(r#"{"id":"a","ad_id":"a","cost_micros":"12","ts":1}"#),
+            Reason::InvalidField
+        );
+        assert_eq!(
+            reason(r#"{"id":"a","ad_id":"a","cost_micros":1e30,"ts":1}"#),
+            Reason::InvalidField
+        );
         let long = "x".repeat(65);
-        assert_eq!(reason(&format!(r#"{{"id":"{long}","ad_id":"a","cost_micros":1,"ts":1}}"#)), Reason::IdTooLong);
-        assert_eq!(reason(r#"{"id":"","ad_id":"a","cost_micros":1,"ts":1}"#), Reason::IdTooLong);
-        assert_eq!(reason(r#"{"id":"a","ad_id":"a","cost_micros":1,"ts":-1}"#), Reason::InvalidTs);
-        assert_eq!(reason(r#"{"id":"a","ad_id":"a","cost_micros":1,"ts":1.5}"#), Reason::InvalidTs);
+        assert_eq!(
+            reason(&format!(
+                r#"{{"id":"{long}","ad_id":"a","cost_micros":1,"ts":1}}"#
+            )),
+            Reason::IdTooLong
+        );
+        assert_eq!(
+            reason(r#"{"id":"","ad_id":"a","cost_micros":1,"ts":1}"#),
+            Reason::IdTooLong
+        );
+        assert_eq!(
+            reason(r#"{"id":"a","ad_id":"a","cost_micros":1,"ts":-1}"#),
+            Reason::InvalidTs
+        );
+        assert_eq!(
+            reason(r#"{"id":"a","ad_id":"a","cost_micros":1,"ts":1.5}"#),
+            Reason::InvalidTs
+        );
     }
 
     proptest! {

@@ -39,7 +39,13 @@ struct ApiError {
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, Json(ApiError { error: message.into() })).into_response()
+    (
+        status,
+        Json(ApiError {
+            error: message.into(),
+        }),
+    )
+        .into_response()
 }
 
 async fn get_limit(State(app): State<AppState>, Path(limit_id): Path<String>) -> Response {
@@ -70,7 +76,10 @@ const MAX_PAGE: usize = 1000;
 async fn list_limits(State(app): State<AppState>, Query(page): Query<Page>) -> Response {
     let size = page.limit.unwrap_or(100);
     if size == 0 || size > MAX_PAGE {
-        return error(StatusCode::BAD_REQUEST, format!("limit must be 1..={MAX_PAGE}"));
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("limit must be 1..={MAX_PAGE}"),
+        );
     }
     let catalog = app.catalog.borrow().clone();
     let mut ids: Vec<&str> = catalog
@@ -84,8 +93,15 @@ async fn list_limits(State(app): State<AppState>, Query(page): Query<Page>) -> R
     ids.truncate(size);
     let spend = app.spend.read().await;
     let now = Utc::now();
-    let limits: Vec<LimitView> = ids.iter().map(|id| view(&catalog.limits[*id], &spend, now)).collect();
-    let next = if more { ids.last().map(|s| s.to_string()) } else { None };
+    let limits: Vec<LimitView> = ids
+        .iter()
+        .map(|id| view(&catalog.limits[*id], &spend, now))
+        .collect();
+    let next = if more {
+        ids.last().map(|s| s.to_string())
+    } else {
+        None
+    };
     Json(LimitsPage { limits, next }).into_response()
 }
 
@@ -152,7 +168,10 @@ async fn metrics() -> Response {
             handle.render(),
         )
             .into_response(),
-        None => error(StatusCode::SERVICE_UNAVAILABLE, "no metrics recorder installed"),
+        None => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no metrics recorder installed",
+        ),
     }
 }
 

@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use adspend_common::codec::decode_sums;
 use adspend_common::nats::{SUMS_RESYNC_SUBJECT, SUMS_SUBJECT_PREFIX};
-use adspend_common::telemetry::{PACER_LAG_SECONDS, PACER_RESYNCS_TOTAL, PACER_STALE_UPDATES_TOTAL, PACER_UPDATES_TOTAL};
+use adspend_common::telemetry::{
+    PACER_LAG_SECONDS, PACER_RESYNCS_TOTAL, PACER_STALE_UPDATES_TOTAL, PACER_UPDATES_TOTAL,
+};
 use futures::StreamExt;
 use tokio::sync::RwLock;
 use tokio_util::sync::CancellationToken;
@@ -21,10 +23,13 @@ const SILENCE: Duration = Duration::from_secs(3);
 
 pub async fn subscribe(client: &async_nats::Client) -> Result<async_nats::Subscriber, Error> {
     let subject = format!("{SUMS_SUBJECT_PREFIX}.>");
-    client.subscribe(subject.clone()).await.map_err(|e| Error::Subscribe {
-        subject,
-        reason: e.to_string(),
-    })
+    client
+        .subscribe(subject.clone())
+        .await
+        .map_err(|e| Error::Subscribe {
+            subject,
+            reason: e.to_string(),
+        })
 }
 
 pub async fn run(

@@ -29,17 +29,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let client = nats::connect(&config.nats.nats_url, "adspend-pacer").await?;
     let spend = Arc::new(RwLock::new(state::SpendState::default()));
     let pushes = ingest::subscribe(&client).await?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| adspend_common::Error::Bind {
-            what: "pacer API",
-            addr: addr.to_string(),
-            reason: e.to_string(),
-        })?;
+    let listener =
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| adspend_common::Error::Bind {
+                what: "pacer API",
+                addr: addr.to_string(),
+                reason: e.to_string(),
+            })?;
     let ingest_task = tokio::spawn(ingest::run(client, pushes, spend.clone(), shutdown.clone()));
     tracing::info!(addr = %addr, catalog = source.describe(), "pacer serving");
     let app = api::router(api::AppState { catalog, spend });
-    let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let serve =
+        axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
     let result = serve.await.map_err(|e| Error::Serve(e.to_string()));
     shutdown.cancel();
     let _ = ingest_task.await;

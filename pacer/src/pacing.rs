@@ -45,7 +45,9 @@ pub fn view(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> LimitView 
     let lifetime = sums.map_or(0, |s| s.lifetime_micros);
     let spend = match limit.period {
         Period::Lifetime => lifetime,
-        Period::Daily => sums.and_then(|s| s.buckets.get(&bounds.bucket).copied()).unwrap_or(0),
+        Period::Daily => sums
+            .and_then(|s| s.buckets.get(&bounds.bucket).copied())
+            .unwrap_or(0),
     };
     let remaining = limit.budget_micros.saturating_sub(spend);
     let exhausted = remaining == 0;
@@ -69,7 +71,8 @@ pub fn view(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> LimitView 
     let watermark_ms = state.watermark_ms(sums);
     let lag_ms = watermark_ms.map_or(0, |w| (now.timestamp_millis() - w).max(0));
     let rate = sums.map_or(0.0, |s| s.rate_per_ms);
-    let overspend_bound_micros = (rate * lag_ms as f64 * multiplier.max(if exhausted { 0.0 } else { 1.0 })).ceil() as u64;
+    let overspend_bound_micros =
+        (rate * lag_ms as f64 * multiplier.max(if exhausted { 0.0 } else { 1.0 })).ceil() as u64;
     LimitView {
         limit_id: limit.id.to_string(),
         budget_micros: limit.budget_micros,
@@ -122,8 +125,18 @@ mod tests {
                 watermark_ms: now.timestamp_millis(),
                 source_ms: now.timestamp_millis(),
                 entries: vec![
-                    SumEntry { limit: "d".into(), bucket: today - 1, bucket_micros: 300, lifetime_micros: 900 },
-                    SumEntry { limit: "d".into(), bucket: today, bucket_micros: 600, lifetime_micros: 900 },
+                    SumEntry {
+                        limit: "d".into(),
+                        bucket: today - 1,
+                        bucket_micros: 300,
+                        lifetime_micros: 900,
+                    },
+                    SumEntry {
+                        limit: "d".into(),
+                        bucket: today,
+                        bucket_micros: 600,
+                        lifetime_micros: 900,
+                    },
                 ],
             },
             now.timestamp_millis(),
@@ -135,7 +148,11 @@ mod tests {
         assert_eq!(v.period_start.as_deref(), Some("2026-11-21T05:00:00.000Z"));
         assert_eq!(v.period_end.as_deref(), Some("2026-11-22T05:00:00.000Z"));
         // Half the day left, 40% of the budget left: ahead of plan.
-        assert!((v.pacing.multiplier - 0.8).abs() < 1e-9, "{}", v.pacing.multiplier);
+        assert!(
+            (v.pacing.multiplier - 0.8).abs() < 1e-9,
+            "{}",
+            v.pacing.multiplier
+        );
         assert!(!v.exhausted);
     }
 }

@@ -62,7 +62,9 @@ impl SpendState {
         if update.epoch < state.epoch {
             return Applied::Stale;
         }
-        let gap = update.epoch == state.epoch && state.push_seq != 0 && update.push_seq != state.push_seq + 1;
+        let gap = update.epoch == state.epoch
+            && state.push_seq != 0
+            && update.push_seq != state.push_seq + 1;
         if update.epoch > state.epoch {
             state.epoch = update.epoch;
         }
@@ -109,7 +111,9 @@ impl SpendState {
     /// Watermark for a limit: its shard's, or the oldest of all shards when
     /// the limit has had no spend yet.
     pub fn watermark_ms(&self, limit: Option<&LimitSums>) -> Option<i64> {
-        let shard = limit.and_then(|l| l.shard.as_ref()).and_then(|s| self.shards.get(s));
+        let shard = limit
+            .and_then(|l| l.shard.as_ref())
+            .and_then(|s| self.shards.get(s));
         match shard {
             Some(s) => Some(s.watermark_ms),
             None => self.shards.values().map(|s| s.watermark_ms).min(),

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the test dependencies (nats-server, etcd, protoc, an S3-compatible
+# server) and runs every check CI runs: formatting, clippy, the whole test
+# suite against real NATS / etcd / S3 processes.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+bash scripts/install-deps.sh test
+echo "test: cargo fmt --check"
+cargo fmt --all --check
+echo "test: cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "test: building service binaries (the integration suite runs them as processes)"
+cargo build --workspace --bins
+echo "test: cargo test"
+# Integration tests each start their own servers; three at a time fits 2 cores.
+cargo test --workspace -- --test-threads=3

@@ -1,0 +1,358 @@
+//! A real single-member `etcd` for one test.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use anyhow::{bail, Context};
+use nix::sys::signal::Signal;
+use serde_json::json;
+use tempfile::TempDir;
+
+use super::ports::free_port;
+use super::process::clean_env;
+use super::scratch::scratch_dir;
+use super::server::{ServerCore, ServerSpec};
+use super::tools::tool_path;
+use super::wait::http_client;
+
+/// A single-member etcd cluster on free loopback ports, its data in a
+/// temporary directory that outlives `kill()` so `restart()` comes back with
+/// the same keys and revisions, as a crashed production member would.
+///
+/// Killed and its directory removed on `Drop`.
+pub struct Etcd {
+    core: ServerCore<EtcdSpec>,
+}
+
+impl Etcd {
+    /// Starts etcd and returns once it has elected itself leader and
+    /// reports healthy.
+    ///
+    /// # Panics
+    ///
+    /// If `etcd` is missing or does not start; the message carries its log
+    /// tail.
+    pub async fn start() -> Etcd {
+        static MEMBERS: AtomicU32 = AtomicU32::new(0);
+        let dir = scratch_dir("etcd");
+        // Unique per member so the readiness probe can tell this etcd from
+        // another one that took its port.
+        let name = format!(
+            "adspend-test-{}-{}",
+            std::process::id(),
+            MEMBERS.fetch_add(1, Ordering::Relaxed)
+        );
+        let spec = EtcdSpec {
+            binary: tool_path("etcd"),
+            name,
+            data_dir: dir.path().join("data"),
+            log_path: dir.path().join("etcd.log"),
+            client_port: 0,
+            peer_port: 0,
+            _dir: dir,
+        };
+        Etcd {
+            core: ServerCore::start(spec).await,
+        }
+    }
+
+    /// The client endpoint, `http://127.0.0.1:PORT`; stable across restarts.
+    pub fn endpoints(&self) -> String {
+        format!("http://127.0.0.1:{}", self.core.spec().client_port)
+    }
+
+    /// The client port alone, for configs that take host and port apart.
+    pub fn port(&self) -> u16 {
+        self.core.spec().client_port
+    }
+
+    /// The member's data, for tests that inspect or damage it on disk.
+    pub fn data_dir(&self) -> &Path {
+        &self.core.spec().data_dir
+    }
+
+    /// Kept across restarts (appended), so one file tells the whole story.
+    pub fn log_path(&self) -> &Path {
+        &self.core.spec().log_path
+    }
+
+    /// `None` while etcd is down.
+    pub fn pid(&self) -> Option<u32> {
+        self.core.pid()
+    }
+
+    /// Whether the process is alive; a paused one counts. Reaps it if it
+    /// died, hence `&mut`.
+    pub fn is_running(&mut self) -> bool {
+        self.core.is_running()
+    }
+
+    /// Whether etcd answers `/health` with `"health":"true"` right now; for
+    /// tests that watch it come and go.
+    pub async fn is_healthy(&self) -> bool {
+        self.core.spec().healthy().await
+    }
+
+    /// Crashes etcd (SIGKILL) and waits until it is gone. No-op if already down.
+    pub fn kill(&mut self) {
+        self.core.kill();
+    }
+
+    /// Shuts etcd down gracefully (SIGTERM) and waits until it is gone.
+    ///
+    /// # Panics
+    ///
+    /// If it is still running after 30 s (it is then killed).
+    pub fn stop(&mut self) {
+        self.core.stop();
+    }
+
+    /// Freezes etcd (SIGSTOP): requests hang instead of failing, so leases
+    /// held by services expire while their connections look alive.
+    ///
+    /// # Panics
+    ///
+    /// If etcd is not running.
+    pub fn pause(&mut self) {
+        self.core.signal(Signal::SIGSTOP);
+    }
+
+    /// Undoes [`Etcd::pause`].
+    ///
+    /// # Panics
+    ///
+    /// If etcd is not running.
+    pub fn resume(&mut self) {
+        self.core.signal(Signal::SIGCONT);
+    }
+
+    /// Starts etcd again on the same ports with the same data directory and
+    /// returns once it is healthy.
+    ///
+    /// # Panics
+    ///
+    /// If etcd is still running (`kill()` or `stop()` it first), or does not
+    /// start.
+    pub async fn restart(&mut self) {
+        self.core.restart().await;
+    }
+
+    /// The last log lines, for assertion messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.core.log_tail(lines)
+    }
+
+    /// Writes a key through etcd's JSON gateway, so tests can seed or
+    /// tamper with state without a gRPC client.
+    ///
+    /// # Errors
+    ///
+    /// If etcd is unreachable or refuses the write.
+    pub async fn put(&self, key: &str, value: &[u8]) -> anyhow::Result<()> {
+        let body = json!({
+            "key": base64::encode(key.as_bytes()),
+            "value": base64::encode(value),
+        });
+        self.gateway("kv/put", body).await.map(drop)
+    }
+
+    /// Reads a key through etcd's JSON gateway; `None` if absent.
+    ///
+    /// # Errors
+    ///
+    /// If etcd is unreachable or the answer is malformed.
+    pub async fn get(&self, key: &str) -> anyhow::Result<Option<Vec<u8>>> {
+        let body = json!({ "key": base64::encode(key.as_bytes()) });
+        let answer = self.gateway("kv/range", body).await?;
+        let Some(value) = answer["kvs"].get(0).map(|kv| &kv["value"]) else {
+            return Ok(None);
+        };
+        // The gateway omits empty values altogether.
+        let encoded = value.as_str().unwrap_or("");
+        base64::decode(encoded)
+            .map(Some)
+            .with_context(|| format!("etcd returned a value that is not base64: {encoded:?}"))
+    }
+
+    async fn gateway(
+        &self,
+        path: &str,
+        body: serde_json::Value,
+    ) -> anyhow::Result<serde_json::Value> {
+        let url = format!("{}/v3/{path}", self.endpoints());
+        let response = http_client()
+            .post(&url)
+            .json(&body)
+            .send()
+            .await
+            .with_context(|| format!("POST {url}"))?;
+        let status = response.status();
+        let text = response.text().await.context("read etcd's answer")?;
+        if !status.is_success() {
+            bail!("POST {url}: {status}: {text}");
+        }
+        serde_json::from_str(&text).with_context(|| format!("POST {url}: not JSON: {text}"))
+    }
+}
+
+struct EtcdSpec {
+    binary: PathBuf,
+    name: String,
+    data_dir: PathBuf,
+    log_path: PathBuf,
+    client_port: u16,
+    peer_port: u16,
+    /// Owns everything above; last so it is removed last.
+    _dir: TempDir,
+}
+
+impl EtcdSpec {
+    async fn healthy(&self) -> bool {
+        let url = format!("http://127.0.0.1:{}/health", self.client_port);
+        let Ok(response) = http_client().get(&url).send().await else {
+            return false;
+        };
+        if !response.status().is_success() {
+            return false;
+        }
+        let Ok(health) = response.json::<serde_json::Value>().await else {
+            return false;
+        };
+        health["health"] == "true"
+    }
+
+    /// The port may belong to another etcd that took it first.
+    async fn is_this_member(&self) -> bool {
+        let url = format!(
+            "http://127.0.0.1:{}/v3/cluster/member/list",
+            self.client_port
+        );
+        let Ok(response) = http_client().post(&url).json(&json!({})).send().await else {
+            return false;
+        };
+        let Ok(list) = response.json::<serde_json::Value>().await else {
+            return false;
+        };
+        list["members"].as_array().is_some_and(|members| {
+            members
+                .iter()
+                .any(|member| member["name"] == self.name.as_str())
+        })
+    }
+
+    async fn ready(&self) -> bool {
+        self.healthy().await && self.is_this_member().await
+    }
+}
+
+impl ServerSpec for EtcdSpec {
+    const NAME: &'static str = "etcd";
+
+    fn pick_ports(&mut self) {
+        self.client_port = free_port();
+        self.peer_port = free_port();
+    }
+
+    fn command(&self) -> Command {
+        let client_url = format!("http://127.0.0.1:{}", self.client_port);
+        let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
+        let mut command = Command::new(&self.binary);
+        // A developer's ETCD_* variables would override these flags.
+        clean_env(&mut command);
+        command
+            .arg("--name")
+            .arg(&self.name)
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--listen-client-urls")
+            .arg(&client_url)
+            .arg("--advertise-client-urls")
+            .arg(&client_url)
+            .arg("--listen-peer-urls")
+            .arg(&peer_url)
+            .arg("--initial-advertise-peer-urls")
+            .arg(&peer_url)
+            .arg("--initial-cluster")
+            .arg(format!("{}={peer_url}", self.name))
+            .arg("--initial-cluster-state")
+            .arg("new")
+            .arg("--initial-cluster-token")
+            .arg(&self.name)
+            .arg("--logger")
+            .arg("zap")
+            .arg("--log-outputs")
+            .arg("stderr");
+        command
+    }
+
+    fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    fn probe(&self) -> impl Future<Output = bool> + '_ {
+        self.ready()
+    }
+}
+
+/// Standard base64 with padding, which etcd's gateway uses for keys and
+/// values; too small a need for another dependency.
+mod base64 {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+    pub(super) fn encode(bytes: &[u8]) -> String {
+        let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+        for chunk in bytes.chunks(3) {
+            let padded = [
+                chunk[0],
+                chunk.get(1).copied().unwrap_or(0),
+                chunk.get(2).copied().unwrap_or(0),
+            ];
+            let group = u32::from_be_bytes([0, padded[0], padded[1], padded[2]]);
+            for index in 0..4 {
+                if index <= chunk.len() {
+                    let sextet = (group >> (18 - 6 * index)) & 0x3f;
+                    out.push(char::from(ALPHABET[sextet as usize]));
+                } else {
+                    out.push('=');
+                }
+            }
+        }
+        out
+    }
+
+    pub(super) fn decode(text: &str) -> anyhow::Result<Vec<u8>> {
+        let symbols = text.trim_end_matches('=').as_bytes();
+        let mut out = Vec::with_capacity(symbols.len() * 3 / 4);
+        let mut group = 0_u32;
+        let mut bits = 0;
+        for &symbol in symbols {
+            let Some(value) = ALPHABET.iter().position(|&letter| letter == symbol) else {
+                anyhow::bail!("invalid base64 symbol {:?}", char::from(symbol));
+            };
+            group = (group << 6) | value as u32;
+            bits += 6;
+            if bits >= 8 {
+                bits -= 8;
+                out.push((group >> bits) as u8);
+                group &= (1 << bits) - 1;
+            }
+        }
+        Ok(out)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn round_trips_every_padding_length() {
+            for text in ["", "f", "fo", "foo", "foob", "fooba", "foobar"] {
+                let encoded = super::encode(text.as_bytes());
+                assert_eq!(super::decode(&encoded).unwrap(), text.as_bytes());
+            }
+            assert_eq!(super::encode(b"foobar"), "Zm9vYmFy");
+            assert_eq!(super::encode(b"fo"), "Zm8=");
+            assert_eq!(super::encode(b"f"), "Zg==");
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! Real infrastructure for the integration suite. Each test starts its own
+//! `nats-server` ([`NatsServer`]), `etcd` ([`Etcd`]) and S3-compatible server
+//! ([`S3Server`]) on free loopback ports, runs the service binaries as real
+//! processes ([`ServiceProcess`]), and crashes or restarts any of them
+//! mid-test. Nothing is shared between tests, so they can run in parallel.
+//!
+//! Modules: `tools` finds the external binaries, `ports` hands out ports,
+//! `scratch` owns the temporary directories, `process` owns one child process
+//! (signals, logs, cleanup), `nats` / `etcd` / `s3` wrap the servers on top of
+//! it, `service` runs the workspace's binaries and `wait` holds the polling
+//! helpers every readiness check goes through.
+//!
+//! Cleanup: every child is killed and every directory removed on `Drop`,
+//! including while a test panics. If the test process itself is killed, the
+//! kernel kills the children (parent-death signal) and the next harness run
+//! removes the directories left behind.
+
+mod etcd;
+mod nats;
+mod ports;
+mod process;
+mod s3;
+mod scratch;
+mod server;
+mod service;
+mod tools;
+mod wait;
+
+pub use etcd::Etcd;
+pub use nats::{NatsOptions, NatsServer};
+pub use nix::sys::signal::Signal;
+pub use ports::free_port;
+pub use s3::S3Server;
+pub use service::{service_binary, ServiceBuilder, ServiceProcess};
+pub use tools::{tool_path, workspace_root};
+pub use wait::{wait_until, wait_until_ok};
