@@ -35,12 +35,21 @@ pub async fn fetch_limits(http: &reqwest::Client, base: &str) -> anyhow::Result<
     let mut all = Vec::new();
     let mut after: Option<String> = None;
     loop {
-        let mut request = http.get(format!("{base}/v1/limits")).query(&[("limit", "1000")]);
+        let mut request = http
+            .get(format!("{base}/v1/limits"))
+            .query(&[("limit", "1000")]);
         if let Some(after) = &after {
             request = request.query(&[("after", after)]);
         }
-        let response = request.send().await.with_context(|| format!("GET {base}/v1/limits"))?;
-        anyhow::ensure!(response.status().is_success(), "GET {base}/v1/limits: {}", response.status());
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("GET {base}/v1/limits"))?;
+        anyhow::ensure!(
+            response.status().is_success(),
+            "GET {base}/v1/limits: {}",
+            response.status()
+        );
         let page: Page = response.json().await.context("decoding /v1/limits")?;
         all.extend(page.limits);
         match page.next {
@@ -96,10 +105,20 @@ impl Comparison {
     /// A table of the `n` limits with the most spend, then a totals line.
     pub fn render(&self, n: usize) -> String {
         let mut rows: Vec<&Row> = self.rows.iter().collect();
-        rows.sort_by(|a, b| b.truth_lifetime.cmp(&a.truth_lifetime).then(a.limit_id.cmp(&b.limit_id)));
+        rows.sort_by(|a, b| {
+            b.truth_lifetime
+                .cmp(&a.truth_lifetime)
+                .then(a.limit_id.cmp(&b.limit_id))
+        });
         let mut out = format!(
             "{:<28} {:>8} {:>18} {:>18} {:>18} {:>18}  {}\n",
-            "limit", "period", "pacer period", "truth period", "pacer lifetime", "truth lifetime", "match"
+            "limit",
+            "period",
+            "pacer period",
+            "truth period",
+            "pacer lifetime",
+            "truth lifetime",
+            "match"
         );
         for r in rows.iter().take(n) {
             out += &format!(
@@ -134,7 +153,8 @@ fn period_date(limit: &PacerLimit) -> Option<String> {
 }
 
 pub fn compare(truth: &Truth, pacer: &[PacerLimit]) -> Comparison {
-    let by_id: BTreeMap<&str, &PacerLimit> = pacer.iter().map(|l| (l.limit_id.as_str(), l)).collect();
+    let by_id: BTreeMap<&str, &PacerLimit> =
+        pacer.iter().map(|l| (l.limit_id.as_str(), l)).collect();
     let mut ids: Vec<&str> = truth.limits.keys().map(String::as_str).collect();
     ids.extend(by_id.keys().copied());
     ids.sort_unstable();
@@ -167,7 +187,11 @@ pub fn compare(truth: &Truth, pacer: &[PacerLimit]) -> Comparison {
 
 /// Poll the pacer until every limit equals the truth, or `timeout`; returns
 /// the last comparison either way (the caller decides what a mismatch means).
-pub async fn wait_for_match(base: &str, truth: &Truth, timeout: Duration) -> anyhow::Result<(Comparison, Duration)> {
+pub async fn wait_for_match(
+    base: &str,
+    truth: &Truth,
+    timeout: Duration,
+) -> anyhow::Result<(Comparison, Duration)> {
     let http = reqwest::Client::new();
     let started = Instant::now();
     loop {

@@ -41,10 +41,17 @@ async fn main() -> ExitCode {
             print!("{}", comparison.render(args.show));
             let bad = comparison.mismatches().len();
             if bad == 0 {
-                println!("pacer equals ground truth for every limit (caught up after {:.1}s)", waited.as_secs_f64());
+                println!(
+                    "pacer equals ground truth for every limit (caught up after {:.1}s)",
+                    waited.as_secs_f64()
+                );
                 ExitCode::SUCCESS
             } else {
-                println!("{bad} limits differ after {}s; largest difference {} micros", args.timeout, comparison.max_abs_diff());
+                println!(
+                    "{bad} limits differ after {}s; largest difference {} micros",
+                    args.timeout,
+                    comparison.max_abs_diff()
+                );
                 ExitCode::FAILURE
             }
         }
