@@ -64,7 +64,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
             &config.consumer,
             consumer::pull::Config {
                 durable_name: Some(config.consumer.clone()),
-                ack_policy: consumer::AckPolicy::All,
+                // Explicit, never All: acking a later message must not acknowledge
+                // earlier ones that a stopped limiter pulled but never handled.
+                ack_policy: consumer::AckPolicy::Explicit,
                 ack_wait: ACK_WAIT,
                 max_ack_pending: 100_000,
                 ..Default::default()
@@ -142,7 +144,9 @@ impl Limiter {
                 Err(e) => tracing::warn!(error = %e, "impressions consumer error"),
             }
         }
-        let Some(last) = received.last() else { return };
+        if received.is_empty() {
+            return;
+        }
         let catalog = self.catalog.borrow().clone();
         let mut out = Output::new(self.partitions);
         let mut source_ms = i64::MAX;
@@ -172,16 +176,16 @@ impl Limiter {
         for (reason, n) in &out.rejected {
             metrics::counter!(REJECTED_TOTAL, "reason" => reason.as_str()).increment(*n);
         }
-        // AckPolicy::All: acknowledging the last message acknowledges the chunk.
-        let ack = tokio::time::timeout(PUBLISH_TIMEOUT, last.double_ack());
-        match ack.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "input ack failed; the chunk will be redelivered and deduplicated")
+        // Only now is the input safe to acknowledge. A lost ack means a
+        // redelivery, whose tuples carry the same ids and are dropped.
+        let acks = futures::future::join_all(received.iter().map(|m| m.ack()));
+        match tokio::time::timeout(PUBLISH_TIMEOUT, acks).await {
+            Ok(results) => {
+                if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
+                    tracing::warn!(error = %e, "input ack failed; the message will be redelivered and deduplicated");
+                }
             }
-            Err(_) => tracing::warn!(
-                "input ack timed out; the chunk will be redelivered and deduplicated"
-            ),
+            Err(_) => tracing::warn!("input acks timed out; unacknowledged messages will be redelivered and deduplicated"),
         }
     }
 

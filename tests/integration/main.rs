@@ -1,7 +1,10 @@
 //! The integration suite: one binary, a module per area, all against real
 //! nats-server, etcd and S3-compatible processes started by the harness.
 
+mod config_errors;
+mod deadletter;
 mod harness_selftest;
 mod pipeline;
+mod restart;
 mod sim_selftest;
 mod support;

@@ -92,10 +92,6 @@ impl Pipeline {
                 self.aggregator_dir().display().to_string(),
             ),
             ("ADSPEND_PACER_ADDR".into(), self.pacer_addr.clone()),
-            (
-                "ADSPEND_METRICS_ADDR".into(),
-                format!("127.0.0.1:{}", free_port()),
-            ),
             ("RUST_LOG".into(), "info".into()),
         ];
         match &self.etcd {
@@ -119,13 +115,23 @@ impl Pipeline {
     }
 
     pub fn spawn(&self, service: &str) -> ServiceProcess {
+        self.spawn_with(service, free_port(), &[])
+    }
+
+    /// Spawn with a known metrics port and extra (overriding) settings.
+    pub fn spawn_with(
+        &self,
+        service: &str,
+        metrics_port: u16,
+        extra: &[(&str, &str)],
+    ) -> ServiceProcess {
         let mut env = self.env();
-        // Each process needs its own metrics port.
-        env.retain(|(k, _)| k != "ADSPEND_METRICS_ADDR");
+        env.retain(|(k, _)| !extra.iter().any(|(e, _)| e == k));
         env.push((
             "ADSPEND_METRICS_ADDR".into(),
-            format!("127.0.0.1:{}", free_port()),
+            format!("127.0.0.1:{metrics_port}"),
         ));
+        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         ServiceProcess::builder(service)
             .envs(env)
             .log_file(self.dir.path().join(format!("{service}.log")))
@@ -213,4 +219,21 @@ pub fn sim_config(events: u64, seed: u64) -> SimConfig {
         seed,
         ..SimConfig::default()
     }
+}
+
+/// One series of a service's Prometheus endpoint, by its full text (e.g.
+/// `adspend_rejected_total{reason="unknown_ad"}`); 0 when absent.
+pub async fn metric(port: u16, series: &str) -> f64 {
+    let body = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .expect("metrics endpoint")
+        .text()
+        .await
+        .expect("metrics body");
+    body.lines()
+        .find_map(|line| {
+            line.strip_prefix(series)
+                .and_then(|rest| rest.trim().parse().ok())
+        })
+        .unwrap_or(0.0)
 }

@@ -186,7 +186,10 @@ pub async fn run_with_progress(
         match js.publish(subject.clone(), payload.split().freeze()).await {
             Ok(ack) => in_flight.push(await_ack(ack, batch)),
             Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
-                anyhow::bail!("a batch of {events} events is too large for the server ({e}); lower the batch size");
+                let advice = "lower the batch size";
+                anyhow::bail!(
+                    "a batch of {events} events is too large for the server ({e}): {advice}"
+                );
             }
             Err(e) => sim.on_failure(&e, batch),
         }

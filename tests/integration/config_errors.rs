@@ -1,0 +1,97 @@
+//! A bad setting or an unreachable dependency ends a service with one clear
+//! error line and a non-zero exit, never a panic.
+
+use std::time::Duration;
+
+use adspend_tests::harness::free_port;
+
+use crate::support::{Backends, Pipeline};
+
+async fn fails_with(p: &Pipeline, service: &str, extra: &[(&str, &str)], expected: &str) {
+    let mut process = p.spawn_with(service, free_port(), extra);
+    let status = process
+        .wait_for_exit(Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|_| panic!("{service} with {extra:?} kept running"));
+    assert!(!status.success(), "{service} with {extra:?} exited 0");
+    let log = process.log_tail(30);
+    assert!(!log.contains("panicked"), "{service} panicked:\n{log}");
+    let last = log
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default();
+    assert!(
+        last.starts_with(&format!("{service}: error: ")) && last.contains(expected),
+        "{service} with {extra:?}: last line {last:?} lacks {expected:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_settings_and_unreachable_dependencies_fail_clearly() {
+    let p = Pipeline::start(Backends::default(), 10).await;
+    let nowhere_nats = format!("nats://127.0.0.1:{}", free_port());
+    let nowhere_etcd = format!("127.0.0.1:{}", free_port());
+    fails_with(
+        &p,
+        "limiter",
+        &[("ADSPEND_NATS_URL", &nowhere_nats)],
+        "cannot reach NATS",
+    )
+    .await;
+    fails_with(
+        &p,
+        "pacer",
+        &[("ADSPEND_NATS_URL", &nowhere_nats)],
+        "cannot reach NATS",
+    )
+    .await;
+    fails_with(
+        &p,
+        "aggregator",
+        &[("ADSPEND_ETCD_ENDPOINTS", &nowhere_etcd)],
+        "cannot reach etcd",
+    )
+    .await;
+    fails_with(
+        &p,
+        "aggregator",
+        &[("ADSPEND_OBJECT_STORE_URL", "ftp://x")],
+        "ADSPEND_OBJECT_STORE_URL",
+    )
+    .await;
+    fails_with(
+        &p,
+        "pacer",
+        &[("ADSPEND_PACER_ADDR", "not-an-address")],
+        "ADSPEND_PACER_ADDR",
+    )
+    .await;
+    fails_with(
+        &p,
+        "limiter",
+        &[("ADSPEND_CATALOG", "/nonexistent/catalog.json")],
+        "/nonexistent/catalog.json",
+    )
+    .await;
+    fails_with(
+        &p,
+        "limiter",
+        &[("ADSPEND_CATALOG", "etcd:///adspend/catalog")],
+        "ADSPEND_ETCD_ENDPOINTS",
+    )
+    .await;
+    let bad_catalog = p.dir.path().join("bad.json");
+    std::fs::write(
+        &bad_catalog,
+        r#"{"limits":{"a":{"budget_micros":1,"period":"daily"}},"ads":{"x":["b"]}}"#,
+    )
+    .unwrap();
+    fails_with(
+        &p,
+        "pacer",
+        &[("ADSPEND_CATALOG", bad_catalog.to_str().unwrap())],
+        "limit \"b\" is not in",
+    )
+    .await;
+}
