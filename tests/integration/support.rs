@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use adspend_tests::check::{compare, fetch_limits, Comparison};
+use adspend_tests::check::{compare, Comparison};
 use adspend_tests::harness::{free_port, wait_until, Etcd, NatsServer, S3Server, ServiceProcess};
 use adspend_tests::sim::{self, Catalog, CatalogSpec, SimConfig, Truth};
 use tokio_util::sync::CancellationToken;
@@ -184,12 +184,6 @@ impl Pipeline {
                 .await
                 .expect("reading the pacer");
         comparison
-    }
-
-    pub async fn pacer_limits(&self) -> Vec<adspend_tests::check::PacerLimit> {
-        fetch_limits(&reqwest::Client::new(), &self.pacer_url())
-            .await
-            .expect("reading the pacer")
     }
 }
 
