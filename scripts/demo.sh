@@ -36,12 +36,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$root/.tools/bin/nats-server" -c deploy/nats.conf -sd "$out/nats" >"$out/nats.log" 2>&1 &
+# deploy/nats.conf with the JetStream store inside demo-out.
+sed "s|store_dir: .*|store_dir: \"$out/nats\"|" deploy/nats.conf >"$out/nats.conf"
+"$root/.tools/bin/nats-server" -c "$out/nats.conf" >"$out/nats.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do
   curl -sf http://127.0.0.1:8222/healthz >/dev/null 2>&1 && break
   sleep 0.1
 done
+curl -sf http://127.0.0.1:8222/healthz >/dev/null || { echo "demo: nats-server did not start:" >&2; tail -5 "$out/nats.log" >&2; exit 1; }
 
 "$bin/adsim" catalog --out "$out/catalog.json" --ads 1000 --seed 7
 export ADSPEND_CATALOG="$out/catalog.json"
@@ -56,7 +59,11 @@ for _ in $(seq 100); do
   curl -sf http://127.0.0.1:8080/healthz >/dev/null 2>&1 && break
   sleep 0.1
 done
-curl -sf http://127.0.0.1:8080/healthz >/dev/null || { echo "demo: pacer did not start; see $out/pacer.log" >&2; exit 1; }
+if ! curl -sf http://127.0.0.1:8080/healthz >/dev/null; then
+  echo "demo: the services did not start:" >&2
+  tail -n 3 "$out"/limiter.log "$out"/aggregator.log "$out"/pacer.log >&2
+  exit 1
+fi
 
 echo "demo: publishing $events impressions (5% duplicates, 1% bad, $batch per message)"
 start_ns=$(date +%s%N)

@@ -14,4 +14,13 @@ echo "test: building service binaries (the integration suite runs them as proces
 cargo build --workspace --bins
 echo "test: cargo test"
 # Integration tests each start their own servers; three at a time fits 2 cores.
-cargo test --workspace -- --test-threads=3
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace --all-targets -- --test-threads=3 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+passed=$(grep -Eo '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
+failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s += $1} END {print s + 0}')
+echo "tests: $passed passed, $failed failed"
+exit "$status"

@@ -215,3 +215,65 @@ async fn watch_etcd(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ONE: &str = r#"{"limits":{"a":{"budget_micros":1,"period":"daily"}},"ads":{"x":["a"]}}"#;
+    const TWO: &str = r#"{"limits":{"a":{"budget_micros":2,"period":"daily"}},"ads":{"x":["a"]}}"#;
+
+    fn budget(rx: &watch::Receiver<Arc<Catalog>>) -> u64 {
+        rx.borrow().limit("a").unwrap().budget_micros
+    }
+
+    #[tokio::test]
+    async fn file_changes_apply_and_bad_updates_keep_the_last_good_catalog() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog.json");
+        std::fs::write(&path, ONE).unwrap();
+        let cancel = CancellationToken::new();
+        let source = CatalogSource::parse(path.to_str().unwrap(), vec![]).unwrap();
+        let mut rx = source.watch(cancel.clone()).await.unwrap();
+        assert_eq!(budget(&rx), 1);
+
+        // Replace by rename, as editors and deploy tools do.
+        let tmp = dir.path().join("catalog.tmp");
+        std::fs::write(&tmp, TWO).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), rx.changed())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(budget(&rx), 2);
+
+        std::fs::write(
+            &path,
+            r#"{"limits":{"a":{"budget_micros":-3,"period":"daily"}}}"#,
+        )
+        .unwrap();
+        tokio::time::sleep(FILE_POLL * 3).await;
+        assert!(!rx.has_changed().unwrap());
+        assert_eq!(budget(&rx), 2);
+        cancel.cancel();
+    }
+
+    #[test]
+    fn sources_parse_with_clear_errors() {
+        assert_eq!(
+            CatalogSource::parse("etcd:///adspend/catalog", vec!["127.0.0.1:2379".into()]).unwrap(),
+            CatalogSource::Etcd {
+                endpoints: vec!["127.0.0.1:2379".into()],
+                key: "/adspend/catalog".into()
+            }
+        );
+        let err = CatalogSource::parse("etcd:///adspend/catalog", vec![])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ADSPEND_ETCD_ENDPOINTS"), "{err}");
+        let err = CatalogSource::parse("etcd://", vec!["e:1".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("etcd:///<key>"), "{err}");
+    }
+}

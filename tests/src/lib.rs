@@ -7,3 +7,4 @@
 pub mod check;
 pub mod harness;
 pub mod sim;
+pub mod stream_truth;
