@@ -97,11 +97,19 @@ impl Checkpointer {
                 let txn = store.read_txn()?;
                 store.last_applied_seq(&txn)?
             };
-            failpoint::hit("aggregator.mid_copy");
+            let copy = copy_dir.join(DATA_FILE);
             store
                 .env
-                .copy_to_path(copy_dir.join(DATA_FILE), CompactionOption::Enabled)
+                .copy_to_path(&copy, CompactionOption::Enabled)
                 .map_err(store.err("copy"))?;
+            // LMDB writes the copy in one call; a crash inside it leaves a
+            // partial file, which is what this failure point leaves behind.
+            failpoint::hit_after("aggregator.mid_copy", || {
+                if let Ok(file) = std::fs::OpenOptions::new().write(true).open(&copy) {
+                    let half = file.metadata().map(|m| m.len() / 2).unwrap_or(0);
+                    let _ = file.set_len(half);
+                }
+            });
             Ok(seq)
         })
         .await

@@ -17,6 +17,8 @@ use tokio_util::sync::CancellationToken;
 use crate::apply::Incoming;
 use crate::error::Error;
 
+const INTEGRITY_CHECK: Duration = Duration::from_secs(5);
+
 /// Refuse to start where replay would silently skip or double count.
 pub async fn check_bounds(stream: &mut Stream, last_applied: u64) -> Result<(), Error> {
     let info = stream
@@ -67,7 +69,20 @@ impl Consumer {
     }
 
     pub async fn run(mut self, cancel: CancellationToken) -> Result<(), Error> {
+        let mut first = true;
         loop {
+            // On every (re)creation: a stream that lost messages we still
+            // need, or went back below what we applied, is a loud stop.
+            if !first {
+                match check_bounds(&mut self.stream, self.next_seq - 1).await {
+                    Ok(()) => {}
+                    Err(e @ (Error::RetentionGap { .. } | Error::LogBackwards { .. })) => {
+                        return Err(e)
+                    }
+                    Err(e) => tracing::warn!(error = %e, "SPEND bounds check failed; retrying"),
+                }
+            }
+            first = false;
             let messages = match self.stream.create_consumer(self.config()).await {
                 Ok(consumer) => consumer.messages().await,
                 Err(e) => Err(async_nats::jetstream::consumer::StreamError::with_source(
@@ -85,10 +100,21 @@ impl Consumer {
                     }
                 }
             };
+            let mut integrity = tokio::time::interval(INTEGRITY_CHECK);
+            integrity.tick().await;
             loop {
                 let next = tokio::select! {
                     _ = cancel.cancelled() => return Ok(()),
                     next = messages.next() => next,
+                    // The consumer recreates itself inside the client after a
+                    // server restart; a stream that lost data then simply goes
+                    // quiet. Look at its bounds now and then.
+                    _ = integrity.tick() => {
+                        match check_bounds(&mut self.stream, self.next_seq - 1).await {
+                            Err(e @ (Error::RetentionGap { .. } | Error::LogBackwards { .. })) => return Err(e),
+                            _ => continue,
+                        }
+                    }
                 };
                 let message = match next {
                     Some(Ok(m)) => m,

@@ -122,6 +122,7 @@ impl CheckpointStore {
                 }
             },
             CheckpointStore::Local { dir, .. } => {
+                let _lock = lock_dir(dir)?;
                 let path = dir.join("epoch");
                 let epoch = match std::fs::read(&path) {
                     Ok(bytes) => parse_epoch(&bytes),
@@ -234,6 +235,7 @@ impl CheckpointStore {
                 })
             }
             CheckpointStore::Local { dir, shard } => {
+                let _lock = lock_dir(dir)?;
                 let current = {
                     let path = dir.join("epoch");
                     std::fs::read(&path)
@@ -251,6 +253,20 @@ impl CheckpointStore {
             }
         }
     }
+}
+
+/// Exclusive lock on the shard's local checkpoint directory, so that two
+/// processes on one machine cannot interleave compare and write.
+fn lock_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    let path = dir.join("lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(Error::io("open", &path))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, errno)| Error::io("lock", &path)(std::io::Error::from(errno)))
 }
 
 /// Replace `path` with `bytes` so that a crash leaves either the old or the

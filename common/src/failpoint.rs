@@ -28,9 +28,10 @@ mod armed {
         })
     }
 
-    pub fn hit(name: &str) {
+    pub fn hit(name: &str, damage: impl FnOnce()) {
         if let Some((fire_at, hits)) = points().get(name) {
             if hits.fetch_add(1, Ordering::SeqCst) + 1 == *fire_at {
+                damage();
                 eprintln!("FAILPOINT FIRED: {name}");
                 std::process::abort();
             }
@@ -43,5 +44,14 @@ mod armed {
 #[inline(always)]
 pub fn hit(_name: &str) {
     #[cfg(feature = "failpoints")]
-    armed::hit(_name);
+    armed::hit(_name, || {});
+}
+
+/// Like [`hit`], running `damage` first: leaves on disk what a crash at this
+/// point would (e.g. a half-written file) when the crash itself cannot be
+/// placed inside a library call.
+#[inline(always)]
+pub fn hit_after(_name: &str, _damage: impl FnOnce()) {
+    #[cfg(feature = "failpoints")]
+    armed::hit(_name, _damage);
 }

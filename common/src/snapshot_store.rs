@@ -142,11 +142,12 @@ impl SnapshotStore {
             };
             checksum.update(&buf[..n]);
             size += n as u64;
-            crate::failpoint::hit("aggregator.mid_upload");
             if let Err(e) = writer.wait_for_capacity(4).await {
                 return Err(self.err("upload", key)(e.to_string()));
             }
             writer.write(&buf[..n]);
+            // Part of the object is in flight, the upload not completed.
+            crate::failpoint::hit("aggregator.mid_upload");
         }
         writer
             .finish()

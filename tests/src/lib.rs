@@ -4,7 +4,9 @@
 //! writes the ground truth the integration suite compares against; `check`
 //! compares the pacer's answers with that truth.
 
+pub mod chaos;
 pub mod check;
 pub mod harness;
+pub mod pipeline;
 pub mod sim;
 pub mod stream_truth;

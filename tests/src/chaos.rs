@@ -1,0 +1,595 @@
+//! The failure-injection campaign: rounds of publishing with duplicates while
+//! one fault is injected into the running pipeline (a named failure point, a
+//! SIGKILL of a service, a kill -9 of NATS or etcd), each followed by a
+//! restart; after every round the pacer must equal the truth exactly, and at
+//! the end so must the aggregator's own LMDB.
+//!
+//! Used by the integration suite (a short campaign) and by `adchaos` (a long
+//! one that prints the figures in the README).
+
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use async_nats::jetstream;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio_util::sync::CancellationToken;
+
+use crate::check::{fetch_limits, Comparison};
+use crate::harness::{free_port, wait_until_ok, ServiceProcess};
+use crate::pipeline::{try_metric, Backends, Pipeline};
+use crate::sim::{self, SimConfig, Truth};
+use crate::stream_truth::truth_from_stream;
+
+/// One kind of fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fault {
+    /// A named failure point in the aggregator or limiter (`ADSPEND_FAILPOINTS`).
+    Point(&'static str),
+    KillAggregator,
+    KillLimiter,
+    KillPacer,
+    KillNats,
+    KillEtcd,
+}
+
+impl Fault {
+    pub fn name(self) -> String {
+        match self {
+            Fault::Point(p) => format!("failpoint {p}"),
+            Fault::KillAggregator => "SIGKILL aggregator".into(),
+            Fault::KillLimiter => "SIGKILL limiter".into(),
+            Fault::KillPacer => "SIGKILL pacer".into(),
+            Fault::KillNats => "kill -9 nats-server".into(),
+            Fault::KillEtcd => "kill -9 etcd".into(),
+        }
+    }
+}
+
+/// Every failure point the services define.
+pub const POINTS: [&str; 8] = [
+    "aggregator.before_commit",
+    "aggregator.after_commit",
+    "aggregator.mid_copy",
+    "aggregator.mid_upload",
+    "aggregator.after_upload",
+    "aggregator.after_record",
+    "aggregator.during_restore",
+    "limiter.after_publish",
+];
+
+/// Every kind, in the order a campaign first walks through them (restore
+/// needs a checkpoint, so it comes after the others have made some).
+pub fn all_faults() -> Vec<Fault> {
+    let mut faults: Vec<Fault> = vec![Fault::KillAggregator, Fault::KillLimiter];
+    faults.extend(POINTS.iter().map(|p| Fault::Point(p)));
+    faults.extend([Fault::KillPacer, Fault::KillNats, Fault::KillEtcd]);
+    faults
+}
+
+#[derive(Clone, Debug)]
+pub struct CampaignConfig {
+    pub rounds: usize,
+    pub seed: u64,
+    pub events_per_round: u64,
+    /// Simulator rate (events/s) during a round.
+    pub rate: f64,
+    pub duplicate_rate: f64,
+    pub ads: u32,
+    pub backends: Backends,
+    /// Inject every kind once, in order, before picking at random.
+    pub walk_all_first: bool,
+}
+
+impl Default for CampaignConfig {
+    fn default() -> Self {
+        CampaignConfig {
+            rounds: all_faults().len(),
+            seed: 1,
+            events_per_round: 12_000,
+            rate: 6_000.0,
+            duplicate_rate: 0.1,
+            ads: 300,
+            backends: Backends {
+                etcd: true,
+                s3: true,
+            },
+            walk_all_first: true,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub seed: u64,
+    pub rounds: usize,
+    /// Faults injected by kind; every one was confirmed to have fired.
+    pub faults: BTreeMap<String, u64>,
+    pub events_attempted: u64,
+    pub events_acknowledged: u64,
+    /// Events whose publish outcome the simulator could not know.
+    pub events_unknown: u64,
+    /// Of those, found in the stream when it was read back.
+    pub events_unknown_stored: u64,
+    pub duplicates_injected: u64,
+    pub dropped_by_id: u64,
+    pub skipped_by_seq: u64,
+    pub limits_compared: usize,
+    pub pacer_mismatches: usize,
+    pub aggregator_mismatches: usize,
+    pub max_abs_diff: u64,
+    pub recovery_ms: Vec<(String, u64)>,
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+impl Report {
+    pub fn render(&self) -> String {
+        let mut out = format!("campaign: seed {}, {} rounds\n", self.seed, self.rounds);
+        out += "faults injected (each confirmed fired):\n";
+        for (kind, n) in &self.faults {
+            out += &format!("  {kind:<36} {n}\n");
+        }
+        out += &format!(
+            "events: attempted {}, acknowledged {}, unknown {} (resolved by reading the stream back: {} stored, {} not)\n",
+            self.events_attempted,
+            self.events_acknowledged,
+            self.events_unknown,
+            self.events_unknown_stored,
+            self.events_unknown - self.events_unknown_stored.min(self.events_unknown)
+        );
+        out += &format!(
+            "duplicates: injected by the simulator {}; dropped by message id {}; replayed messages skipped by sequence (tuples) {}\n",
+            self.duplicates_injected, self.dropped_by_id, self.skipped_by_seq
+        );
+        out += &format!(
+            "per-limit comparison: {} limits; mismatches pacer {} aggregator {}; largest absolute difference {} micros\n",
+            self.limits_compared, self.pacer_mismatches, self.aggregator_mismatches, self.max_abs_diff
+        );
+        let mut all: Vec<u64> = self.recovery_ms.iter().map(|(_, ms)| *ms).collect();
+        all.sort_unstable();
+        out += &format!(
+            "recovery (restart -> caught up), ms: p50 {} p99 {} max {} over {} restarts\n",
+            percentile(&all, 50.0),
+            percentile(&all, 99.0),
+            all.last().copied().unwrap_or(0),
+            all.len()
+        );
+        let mut by_kind: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+        for (kind, ms) in &self.recovery_ms {
+            by_kind.entry(kind).or_default().push(*ms);
+        }
+        for (kind, mut v) in by_kind {
+            v.sort_unstable();
+            out += &format!(
+                "  {kind:<36} p50 {:>6} max {:>6}\n",
+                percentile(&v, 50.0),
+                v.last().copied().unwrap_or(0)
+            );
+        }
+        out
+    }
+}
+
+/// Per-service metrics ports, fixed for the campaign so restarts keep them.
+struct Ports {
+    limiter: u16,
+    aggregator: u16,
+}
+
+struct Campaign {
+    p: Pipeline,
+    ports: Ports,
+    rng: StdRng,
+    report: Report,
+    truth: Truth,
+    /// Set once any publish had an unknown outcome: the truth then comes
+    /// from reading the stream back.
+    from_stream: bool,
+    events: u64,
+    rate: f64,
+    duplicate_rate: f64,
+}
+
+fn merge(into: &mut Truth, round: &Truth) {
+    for (limit, t) in &round.limits {
+        let entry = into.limits.entry(limit.clone()).or_default();
+        entry.lifetime_micros += t.lifetime_micros;
+        for (day, micros) in &t.daily {
+            *entry.daily.entry(day.clone()).or_default() += micros;
+        }
+    }
+}
+
+impl Campaign {
+    fn spawn(&self, service: &str, armed: Option<String>) -> ServiceProcess {
+        let port = match service {
+            "limiter" => self.ports.limiter,
+            "aggregator" => self.ports.aggregator,
+            _ => free_port(),
+        };
+        match armed {
+            Some(spec) => {
+                self.p
+                    .spawn_with(service, port, &[("ADSPEND_FAILPOINTS", spec.as_str())])
+            }
+            None => self.p.spawn_with(service, port, &[]),
+        }
+    }
+
+    fn slot(&mut self, service: &str) -> &mut Option<ServiceProcess> {
+        match service {
+            "limiter" => &mut self.p.limiter,
+            "aggregator" => &mut self.p.aggregator,
+            _ => &mut self.p.pacer,
+        }
+    }
+
+    /// Read the aggregator's duplicate counters before its process goes away.
+    async fn scrape_aggregator(&mut self) {
+        let port = self.ports.aggregator;
+        self.report.dropped_by_id += try_metric(port, "adspend_duplicates_dropped_total{by=\"id\"}")
+            .await
+            .unwrap_or(0.0) as u64;
+        self.report.skipped_by_seq +=
+            try_metric(port, "adspend_duplicates_dropped_total{by=\"seq\"}")
+                .await
+                .unwrap_or(0.0) as u64;
+    }
+
+    async fn stream_last(&self, stream: &str) -> anyhow::Result<u64> {
+        let js = jetstream::new(self.p.client().await);
+        let mut s = js
+            .get_stream(stream)
+            .await
+            .with_context(|| format!("stream {stream}"))?;
+        Ok(s.info().await?.state.last_sequence)
+    }
+
+    async fn sigkill(&mut self, service: &str) -> anyhow::Result<()> {
+        if service == "aggregator" {
+            self.scrape_aggregator().await;
+        }
+        let process = self.slot(service).as_mut().context("service not running")?;
+        let status = process.kill();
+        // Killed by us, not exited on its own before.
+        ensure!(
+            status.signal() == Some(9),
+            "{service} was not running when killed: {status:?}"
+        );
+        Ok(())
+    }
+
+    async fn stop_cleanly(&mut self, service: &str) -> anyhow::Result<()> {
+        if service == "aggregator" {
+            self.scrape_aggregator().await;
+        }
+        let process = self.slot(service).as_mut().context("service not running")?;
+        let status = process.terminate(Duration::from_secs(30))?;
+        ensure!(
+            status.success(),
+            "{service} exited {status:?} on SIGTERM:\n{}",
+            process.log_tail(20)
+        );
+        Ok(())
+    }
+
+    /// Run `service` with `point` armed until it aborts there; confirm it fired.
+    async fn fire(&mut self, service: &str, point: &str, nth: u32) -> anyhow::Result<()> {
+        let mut armed = self.spawn(service, Some(format!("{point}@{nth}")));
+        let status = armed
+            .wait_for_exit(Duration::from_secs(45))
+            .await
+            .with_context(|| format!("{point} did not fire within 45s:\n{}", armed.log_tail(20)))?;
+        let log = armed.log_tail(200);
+        ensure!(
+            log.contains(&format!("FAILPOINT FIRED: {point}")) && status.signal() == Some(6),
+            "{service} ended without firing {point} ({status:?}):\n{}",
+            armed.log_tail(20)
+        );
+        Ok(())
+    }
+
+    /// Inject `fault`; returns (what to time, when the restart happened).
+    async fn inject(&mut self, fault: Fault) -> anyhow::Result<(Recovery, Instant)> {
+        match fault {
+            Fault::KillAggregator | Fault::KillLimiter | Fault::KillPacer => {
+                let service = match fault {
+                    Fault::KillAggregator => "aggregator",
+                    Fault::KillLimiter => "limiter",
+                    _ => "pacer",
+                };
+                let before = if service == "pacer" {
+                    self.pacer_total().await.unwrap_or(0)
+                } else {
+                    0
+                };
+                self.sigkill(service).await?;
+                let process = self.spawn(service, None);
+                *self.slot(service) = Some(process);
+                let at = Instant::now();
+                Ok((self.recovery_target(service, before).await?, at))
+            }
+            Fault::Point(point) => {
+                let service = if point.starts_with("limiter") {
+                    "limiter"
+                } else {
+                    "aggregator"
+                };
+                if point == "aggregator.during_restore" {
+                    // Only a cold restore downloads: lose the local state first.
+                    self.sigkill("aggregator").await?;
+                    let lmdb = self.p.aggregator_dir().join("lmdb");
+                    std::fs::remove_dir_all(&lmdb)
+                        .with_context(|| format!("wiping {}", lmdb.display()))?;
+                    self.p.aggregator = None;
+                    self.fire(service, point, 1).await?;
+                } else {
+                    self.stop_cleanly(service).await?;
+                    *self.slot(service) = None;
+                    let nth = self.rng.random_range(1..=3);
+                    self.fire(service, point, nth).await?;
+                }
+                let process = self.spawn(service, None);
+                *self.slot(service) = Some(process);
+                let at = Instant::now();
+                Ok((self.recovery_target(service, 0).await?, at))
+            }
+            Fault::KillNats => {
+                self.p.nats.kill();
+                tokio::time::sleep(Duration::from_millis(self.rng.random_range(200..1500))).await;
+                self.p.nats.restart().await;
+                let at = Instant::now();
+                Ok((self.recovery_target("nats", 0).await?, at))
+            }
+            Fault::KillEtcd => {
+                let etcd = self
+                    .p
+                    .etcd
+                    .as_mut()
+                    .context("the campaign needs etcd for this fault")?;
+                etcd.kill();
+                tokio::time::sleep(Duration::from_millis(self.rng.random_range(200..1500))).await;
+                etcd.restart().await;
+                let at = Instant::now();
+                Ok((self.recovery_target("etcd", 0).await?, at))
+            }
+        }
+    }
+
+    async fn pacer_total(&self) -> anyhow::Result<u64> {
+        let limits = fetch_limits(&reqwest::Client::new(), &self.p.pacer_url()).await?;
+        Ok(limits.iter().map(|l| l.lifetime_spend_micros).sum())
+    }
+
+    async fn checkpoint_id(&self) -> anyhow::Result<u64> {
+        let bytes = match &self.p.etcd {
+            Some(etcd) => etcd.get("/adspend/shards/all/checkpoint").await?,
+            None => std::fs::read(self.p.aggregator_dir().join("checkpoint/checkpoint.json")).ok(),
+        };
+        let Some(bytes) = bytes else { return Ok(0) };
+        let record: serde_json::Value = serde_json::from_slice(&bytes)?;
+        Ok(record["checkpoint_id"].as_u64().unwrap_or(0))
+    }
+
+    /// What "caught up" means after restarting `what`, captured at restart.
+    async fn recovery_target(&self, what: &str, pacer_before: u64) -> anyhow::Result<Recovery> {
+        Ok(match what {
+            "aggregator" => Recovery::Applied(self.stream_last("SPEND").await?),
+            "limiter" => Recovery::Acked(self.stream_last("IMPRESSIONS").await?),
+            "pacer" => Recovery::PacerTotal(pacer_before),
+            "nats" => Recovery::Both(
+                self.stream_last("IMPRESSIONS").await?,
+                self.stream_last("SPEND").await?,
+            ),
+            _ => Recovery::Checkpoint(self.checkpoint_id().await?),
+        })
+    }
+
+    async fn reached(&self, target: Recovery) -> anyhow::Result<bool> {
+        let limiter_acked = |last: u64| async move {
+            let js = jetstream::new(self.p.client().await);
+            let mut consumer: jetstream::consumer::PullConsumer = js
+                .get_consumer_from_stream("limiter", "IMPRESSIONS")
+                .await?;
+            let info = consumer.info().await?;
+            anyhow::Ok(info.ack_floor.stream_sequence >= last)
+        };
+        let applied = |seq: u64| async move {
+            anyhow::Ok(
+                try_metric(self.ports.aggregator, "adspend_last_applied_seq").await? >= seq as f64,
+            )
+        };
+        Ok(match target {
+            Recovery::Applied(seq) => applied(seq).await?,
+            Recovery::Acked(seq) => limiter_acked(seq).await?,
+            Recovery::PacerTotal(before) => self.pacer_total().await? >= before,
+            Recovery::Both(imp, spend) => limiter_acked(imp).await? && applied(spend).await?,
+            Recovery::Checkpoint(id) => self.checkpoint_id().await? > id,
+        })
+    }
+
+    async fn round(&mut self, index: usize, fault: Fault) -> anyhow::Result<()> {
+        let config = SimConfig {
+            events: Some(self.events),
+            rate: self.rate,
+            duplicate_rate: self.duplicate_rate,
+            batch: 20,
+            seed: self
+                .report
+                .seed
+                .wrapping_mul(1_000)
+                .wrapping_add(index as u64),
+            run_id: Some(format!("s{}r{index}", self.report.seed)),
+            ack_timeout: Duration::from_secs(3),
+            ..SimConfig::default()
+        };
+        let client = self.p.client().await;
+        let catalog = self.p.catalog.clone();
+        let publisher = tokio::spawn(async move {
+            sim::run(&client, &config, &catalog, CancellationToken::new()).await
+        });
+        let window_ms = (self.events as f64 / self.rate * 1000.0) as u64;
+        tokio::time::sleep(Duration::from_millis(
+            self.rng.random_range(200..(window_ms * 6 / 10).max(300)),
+        ))
+        .await;
+        let (target, restarted) = self
+            .inject(fault)
+            .await
+            .with_context(|| format!("injecting {}", fault.name()))?;
+        *self.report.faults.entry(fault.name()).or_default() += 1;
+        let recovered = wait_until_ok(
+            Duration::from_secs(120),
+            Duration::from_millis(50),
+            || async {
+                ensure!(self.reached(target).await.unwrap_or(false), "not caught up");
+                Ok(restarted.elapsed())
+            },
+        )
+        .await
+        .with_context(|| format!("not caught up within 120s after {}", fault.name()))?;
+        self.report
+            .recovery_ms
+            .push((fault.name(), recovered.as_millis() as u64));
+
+        let round_truth = publisher.await.context("publisher task")??;
+        let stats = &round_truth.stats;
+        self.report.events_attempted += stats.events_sent;
+        self.report.events_acknowledged += stats.events_acked;
+        self.report.duplicates_injected += stats.duplicates_sent;
+        if stats.messages_failed > 0 {
+            self.from_stream = true;
+            self.report.events_unknown += stats.events_sent - stats.events_acked;
+        }
+        merge(&mut self.truth, &round_truth);
+        let truth = if self.from_stream {
+            let client = self.p.client().await;
+            truth_from_stream(&client, &self.p.catalog).await?
+        } else {
+            self.truth.clone()
+        };
+        let comparison = self.p.settle(&truth, Duration::from_secs(120)).await;
+        if !comparison.mismatches().is_empty() {
+            bail!(
+                "round {index} ({}), seed {}: pacer differs from the truth:\n{}",
+                fault.name(),
+                self.report.seed,
+                comparison.render(10)
+            );
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Recovery {
+    /// Aggregator applied through this `SPEND` sequence.
+    Applied(u64),
+    /// Limiter acknowledged input through this `IMPRESSIONS` sequence.
+    Acked(u64),
+    /// Pacer total back to at least this.
+    PacerTotal(u64),
+    Both(u64, u64),
+    /// A checkpoint newer than this id recorded.
+    Checkpoint(u64),
+}
+
+/// Lifetime sums in an aggregator's LMDB (the aggregator must be stopped).
+pub fn aggregator_totals(lmdb_dir: &std::path::Path) -> anyhow::Result<BTreeMap<String, u64>> {
+    let store = adspend_aggregator::store::Store::open(lmdb_dir, 1 << 30)?;
+    let totals = {
+        let txn = store.read_txn()?;
+        let mut totals = BTreeMap::new();
+        for item in store.lifetime.iter(&txn)? {
+            let (limit, micros) = item?;
+            totals.insert(limit.to_string(), micros);
+        }
+        totals
+    };
+    store.env.prepare_for_closing().wait();
+    Ok(totals)
+}
+
+/// Run a campaign; `on_round` sees each finished round's index and fault.
+pub async fn run(
+    config: CampaignConfig,
+    mut on_round: impl FnMut(usize, Fault, u64),
+) -> anyhow::Result<Report> {
+    let mut p = Pipeline::start(config.backends, config.ads).await;
+    let ports = Ports {
+        limiter: free_port(),
+        aggregator: free_port(),
+    };
+    p.aggregator = Some(p.spawn_with("aggregator", ports.aggregator, &[]));
+    p.limiter = Some(p.spawn_with("limiter", ports.limiter, &[]));
+    p.pacer = Some(p.spawn("pacer"));
+    p.wait_pacer().await;
+    let mut campaign = Campaign {
+        p,
+        ports,
+        rng: StdRng::seed_from_u64(config.seed),
+        report: Report {
+            seed: config.seed,
+            ..Report::default()
+        },
+        truth: Truth::default(),
+        from_stream: false,
+        events: config.events_per_round,
+        rate: config.rate,
+        duplicate_rate: config.duplicate_rate,
+    };
+    let kinds = all_faults();
+    let usable: Vec<Fault> = kinds
+        .iter()
+        .copied()
+        .filter(|f| *f != Fault::KillEtcd || config.backends.etcd)
+        .collect();
+    for index in 0..config.rounds {
+        let fault = if config.walk_all_first && index < usable.len() {
+            usable[index]
+        } else {
+            usable[campaign.rng.random_range(0..usable.len())]
+        };
+        let started = Instant::now();
+        campaign.round(index, fault).await?;
+        campaign.report.rounds += 1;
+        on_round(index, fault, started.elapsed().as_millis() as u64);
+    }
+    finish(&mut campaign).await?;
+    Ok(campaign.report)
+}
+
+/// Final check: the stream's truth against the pacer and the aggregator's LMDB.
+async fn finish(c: &mut Campaign) -> anyhow::Result<()> {
+    let client = c.p.client().await;
+    let stream_truth = truth_from_stream(&client, &c.p.catalog).await?;
+    let comparison: Comparison = c.p.settle(&stream_truth, Duration::from_secs(120)).await;
+    c.scrape_aggregator().await;
+    c.stop_cleanly("aggregator").await?;
+    let totals = aggregator_totals(&c.p.aggregator_dir().join("lmdb"))?;
+    let acked: u64 = c.report.events_acknowledged;
+    c.report.events_unknown_stored = stream_truth.stats.events_acked.saturating_sub(acked);
+    c.report.limits_compared = comparison.rows.len();
+    c.report.pacer_mismatches = comparison.mismatches().len();
+    let mut max_diff = comparison.max_abs_diff();
+    let mut aggregator_mismatches = 0;
+    for (limit, truth) in &stream_truth.limits {
+        let held = totals.get(limit).copied().unwrap_or(0);
+        if held != truth.lifetime_micros {
+            aggregator_mismatches += 1;
+            max_diff = max_diff.max(held.abs_diff(truth.lifetime_micros));
+        }
+    }
+    c.report.aggregator_mismatches = aggregator_mismatches;
+    c.report.max_abs_diff = max_diff;
+    Ok(())
+}
