@@ -2,6 +2,7 @@
 //! nats-server, etcd and S3-compatible processes started by the harness.
 
 mod catalog_watch;
+mod chaos;
 mod config_errors;
 mod deadletter;
 mod harness_selftest;
