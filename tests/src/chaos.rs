@@ -325,7 +325,20 @@ impl Campaign {
                     "aggregator"
                 };
                 if point == "aggregator.during_restore" {
-                    // Only a cold restore downloads: lose the local state first.
+                    // Only a cold restore from a recorded checkpoint downloads:
+                    // have one, then lose the local state.
+                    wait_until_ok(
+                        Duration::from_secs(30),
+                        Duration::from_millis(100),
+                        || async {
+                            ensure!(
+                                self.checkpoint_id().await? > 0,
+                                "no checkpoint recorded yet"
+                            );
+                            Ok(())
+                        },
+                    )
+                    .await?;
                     self.sigkill("aggregator").await?;
                     let lmdb = self.p.aggregator_dir().join("lmdb");
                     std::fs::remove_dir_all(&lmdb)
