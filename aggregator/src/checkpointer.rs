@@ -115,7 +115,9 @@ impl Checkpointer {
         .await
         .map_err(|e| Error::Task("snapshot copy", e.to_string()))??;
         debug_assert!(seq >= marker_seq);
-        let key = format!("{}/{id:020}-{seq:020}.mdb", self.shard);
+        // The epoch keeps a stale owner (same next id) from overwriting the
+        // new owner's object; names still sort by checkpoint id for GC.
+        let key = format!("{}/{id:020}-{seq:020}-e{}.mdb", self.shard, self.epoch);
         let (size_bytes, checksum) = self.snapshots.upload(&key, &file).await?;
         failpoint::hit("aggregator.after_upload");
         let record = CheckpointRecord {

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The long failure-injection campaign (README, "Crash safety"): builds the
+# services with their failure points and runs `adchaos` against real NATS,
+# etcd and S3 processes. Arguments go to adchaos, e.g. --rounds 200 --seed 42.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+bash scripts/install-deps.sh test
+cargo build --workspace --bins --features adspend-tests/failpoints
+exec "$root/target/debug/adchaos" "$@"
