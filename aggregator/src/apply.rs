@@ -178,7 +178,8 @@ impl Writer {
         let mut wtxn = store.write_txn()?;
         let mut stats = GroupStats::default();
         let mut bucket_deltas: HashMap<(&str, u32), u64> = HashMap::new();
-        let mut lifetime_deltas: HashMap<&str, u64> = HashMap::new();
+        // Per limit: (micros, tuples).
+        let mut lifetime_deltas: HashMap<&str, (u64, u64)> = HashMap::new();
         let mut markers: Vec<u64> = Vec::new();
         let mut source_ms: Option<i64> = None;
         let mut applied_through = self.last_applied_seq;
@@ -221,9 +222,11 @@ impl Writer {
                             bucket: tuple.bucket,
                         };
                         let lifetime = lifetime_deltas.entry(tuple.limit.as_str()).or_default();
-                        *lifetime = lifetime
+                        lifetime.0 = lifetime
+                            .0
                             .checked_add(tuple.cost_micros)
                             .ok_or_else(overflow)?;
+                        lifetime.1 += 1;
                         if tuple.bucket != LIFETIME_BUCKET {
                             let bucket = bucket_deltas
                                 .entry((tuple.limit.as_str(), tuple.bucket))
@@ -243,8 +246,9 @@ impl Writer {
             }
         }
         let mut changed = Vec::with_capacity(lifetime_deltas.len() + bucket_deltas.len());
-        let mut new_lifetimes: HashMap<&str, u64> = HashMap::with_capacity(lifetime_deltas.len());
-        for (limit, delta) in &lifetime_deltas {
+        let mut new_lifetimes: HashMap<&str, (u64, u64)> =
+            HashMap::with_capacity(lifetime_deltas.len());
+        for (limit, (delta, tuples)) in &lifetime_deltas {
             let current = store
                 .lifetime
                 .get(&wtxn, limit)
@@ -261,12 +265,23 @@ impl Writer {
                 .lifetime
                 .put(&mut wtxn, limit, &total)
                 .map_err(store.err("put lifetime"))?;
-            new_lifetimes.insert(limit, total);
+            let events = store
+                .events
+                .get(&wtxn, limit)
+                .map_err(store.err("get events"))?
+                .unwrap_or(0)
+                + tuples;
+            store
+                .events
+                .put(&mut wtxn, limit, &events)
+                .map_err(store.err("put events"))?;
+            new_lifetimes.insert(limit, (total, events));
             changed.push(SumEntry {
                 limit: limit.to_string(),
                 bucket: LIFETIME_BUCKET,
                 bucket_micros: total,
                 lifetime_micros: total,
+                lifetime_events: events,
             });
         }
         for ((limit, bucket), delta) in &bucket_deltas {
@@ -288,7 +303,8 @@ impl Writer {
                 limit: limit.to_string(),
                 bucket: *bucket,
                 bucket_micros: total,
-                lifetime_micros: new_lifetimes[limit],
+                lifetime_micros: new_lifetimes[limit].0,
+                lifetime_events: new_lifetimes[limit].1,
             });
         }
         if clock_ms > 0 {

@@ -59,6 +59,7 @@ impl Checkpointer {
             }
             last_request = request;
             let started = Instant::now();
+            tracing::debug!(seq, "checkpoint: start");
             match self.checkpoint(seq).await {
                 Ok(record) => {
                     metrics::counter!(CHECKPOINTS_TOTAL, "outcome" => "ok").increment(1);
@@ -118,7 +119,9 @@ impl Checkpointer {
         // The epoch keeps a stale owner (same next id) from overwriting the
         // new owner's object; names still sort by checkpoint id for GC.
         let key = format!("{}/{id:020}-{seq:020}-e{}.mdb", self.shard, self.epoch);
+        tracing::debug!(id, seq, key, "checkpoint: copied; uploading");
         let (size_bytes, checksum) = self.snapshots.upload(&key, &file).await?;
+        tracing::debug!(id, seq, size_bytes, "checkpoint: uploaded; recording");
         failpoint::hit("aggregator.after_upload");
         let record = CheckpointRecord {
             checkpoint_id: id,

@@ -169,12 +169,18 @@ pub fn read_full(store: &Store) -> Result<(Vec<SumEntry>, u64), Error> {
         .map_err(store.err("iterate lifetime"))?
     {
         let (limit, total) = item.map_err(store.err("iterate lifetime"))?;
-        lifetimes.insert(limit.to_string(), total);
+        let events = store
+            .events
+            .get(&txn, limit)
+            .map_err(store.err("get events"))?
+            .unwrap_or(0);
+        lifetimes.insert(limit.to_string(), (total, events));
         entries.push(SumEntry {
             limit: limit.to_string(),
             bucket: LIFETIME_BUCKET,
             bucket_micros: total,
             lifetime_micros: total,
+            lifetime_events: events,
         });
     }
     let today = (adspend_common::now_ms() / 86_400_000) as u32;
@@ -189,7 +195,8 @@ pub fn read_full(store: &Store) -> Result<(Vec<SumEntry>, u64), Error> {
                 limit: limit.to_string(),
                 bucket,
                 bucket_micros: total,
-                lifetime_micros: lifetimes.get(limit).copied().unwrap_or(0),
+                lifetime_micros: lifetimes.get(limit).map_or(0, |l| l.0),
+                lifetime_events: lifetimes.get(limit).map_or(0, |l| l.1),
             });
         }
     }

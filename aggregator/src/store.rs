@@ -2,6 +2,7 @@
 //!
 //! - `sums`: (limit, bucket) → micros of that period bucket
 //! - `lifetime`: limit → micros ever
+//! - `events`: limit → spend tuples ever applied
 //! - `dedupe`: message id → stream time (ms) the id was first seen
 //! - `dedupe_by_time`: (stream time, message id) → (), so the oldest ids are a
 //!   key prefix and eviction is a range delete
@@ -25,6 +26,7 @@ const DB_LIFETIME: &str = "lifetime";
 const DB_DEDUPE: &str = "dedupe";
 const DB_DEDUPE_BY_TIME: &str = "dedupe_by_time";
 const DB_META: &str = "meta";
+const DB_EVENTS: &str = "events";
 const META_LAST_APPLIED_SEQ: &str = "last_applied_seq";
 const META_LINEAGE: &str = "lineage";
 
@@ -36,6 +38,8 @@ pub struct Store {
     path: PathBuf,
     pub sums: Database<'static, Bytes, Micros>,
     pub lifetime: Database<'static, Str, Micros>,
+    /// limit → spend tuples ever applied
+    pub events: Database<'static, Str, Micros>,
     pub dedupe: Database<'static, Bytes, Micros>,
     pub dedupe_by_time: Database<'static, Bytes, Unit>,
     meta: Database<'static, Str, Bytes>,
@@ -82,7 +86,7 @@ impl Store {
         #[allow(unsafe_code)]
         let env = unsafe { options.open(path) }.map_err(Error::lmdb(path, "open"))?;
         let wtxn = env.write_txn().map_err(Error::lmdb(path, "begin"))?;
-        let (sums, lifetime, dedupe, dedupe_by_time, meta) = env
+        let (sums, lifetime, dedupe, dedupe_by_time, meta, events) = env
             .create_databases_and_commit(wtxn, |opener, wtxn| -> Result<_, heed::Error> {
                 Ok(CommitOrAbort::<_, ()>::Commit((
                     opener.create_database::<Bytes, Micros>(wtxn, Some(DB_SUMS))?,
@@ -90,6 +94,7 @@ impl Store {
                     opener.create_database::<Bytes, Micros>(wtxn, Some(DB_DEDUPE))?,
                     opener.create_database::<Bytes, Unit>(wtxn, Some(DB_DEDUPE_BY_TIME))?,
                     opener.create_database::<Str, Bytes>(wtxn, Some(DB_META))?,
+                    opener.create_database::<Str, Micros>(wtxn, Some(DB_EVENTS))?,
                 )))
             })
             .map_err(Error::lmdb(path, "create databases"))?
@@ -99,6 +104,7 @@ impl Store {
             path: path.to_path_buf(),
             sums,
             lifetime,
+            events,
             dedupe,
             dedupe_by_time,
             meta,

@@ -129,12 +129,12 @@ mod tests {
         #[test]
         fn sums_roundtrip(
             epoch in any::<u64>(), seq in any::<u64>(), push_seq in any::<u64>(), full in any::<bool>(),
-            entries in prop::collection::vec(("[a-z0-9]{1,64}", any::<u32>(), any::<u64>(), any::<u64>()), 0..20),
+            entries in prop::collection::vec(("[a-z0-9]{1,64}", any::<u32>(), any::<u64>(), any::<u64>(), any::<u64>()), 0..20),
         ) {
             let update = SumsUpdate {
                 shard: "all".into(), epoch, seq, push_seq, full, watermark_ms: 1, source_ms: 2,
-                entries: entries.into_iter().map(|(limit, bucket, bucket_micros, lifetime_micros)| SumEntry {
-                    limit, bucket, bucket_micros, lifetime_micros,
+                entries: entries.into_iter().map(|(limit, bucket, bucket_micros, lifetime_micros, lifetime_events)| SumEntry {
+                    limit, bucket, bucket_micros, lifetime_micros, lifetime_events,
                 }).collect(),
             };
             prop_assert_eq!(decode_sums(&encode_sums(&update)).unwrap(), update);

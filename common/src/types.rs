@@ -74,6 +74,9 @@ pub struct SumEntry {
     /// Sum of the bucket; equals `lifetime_micros` for [`LIFETIME_BUCKET`].
     pub bucket_micros: Micros,
     pub lifetime_micros: Micros,
+    /// Spend tuples ever applied to the limit (so the pacer knows the
+    /// typical cost of one event).
+    pub lifetime_events: u64,
 }
 
 /// A push of absolute sums from an aggregator to the pacer. Absolute values

@@ -29,6 +29,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/limits", get(list_limits))
         .route("/v1/limits/{limit_id}", get(get_limit))
+        .route("/v1/limits/{limit_id}/history", get(get_history))
         .route("/v1/decisions", post(decisions))
         .with_state(state)
 }
@@ -55,6 +56,26 @@ async fn get_limit(State(app): State<AppState>, Path(limit_id): Path<String>) ->
     };
     let spend = app.spend.read().await;
     Json(view(limit, &spend, Utc::now())).into_response()
+}
+
+#[derive(Serialize)]
+struct History<'a> {
+    limit_id: String,
+    points: &'a [crate::state::Point],
+}
+
+/// Spend, plan and multiplier over the current period (dashboard charts).
+async fn get_history(State(app): State<AppState>, Path(limit_id): Path<String>) -> Response {
+    let catalog = app.catalog.borrow().clone();
+    if catalog.limit(&limit_id).is_none() {
+        return error(StatusCode::NOT_FOUND, format!("unknown limit {limit_id:?}"));
+    }
+    let spend = app.spend.read().await;
+    let points = spend
+        .pacing
+        .get(limit_id.as_str())
+        .map_or(&[][..], |p| &p.history[..]);
+    Json(History { limit_id, points }).into_response()
 }
 
 #[derive(Deserialize)]

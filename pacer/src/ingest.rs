@@ -4,13 +4,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use adspend_common::catalog::Catalog;
 use adspend_common::codec::decode_sums;
 use adspend_common::nats::{SUMS_RESYNC_SUBJECT, SUMS_SUBJECT_PREFIX};
 use adspend_common::telemetry::{
     PACER_LAG_SECONDS, PACER_RESYNCS_TOTAL, PACER_STALE_UPDATES_TOTAL, PACER_UPDATES_TOTAL,
 };
+use chrono::Offset;
 use futures::StreamExt;
-use tokio::sync::RwLock;
+use tokio::sync::{watch, RwLock};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
@@ -36,8 +38,10 @@ pub async fn run(
     client: async_nats::Client,
     mut pushes: async_nats::Subscriber,
     state: Arc<RwLock<SpendState>>,
+    catalog: watch::Receiver<Arc<Catalog>>,
     cancel: CancellationToken,
 ) {
+    let mut arrivals: Vec<(String, u64)> = Vec::new();
     let mut last_resync: Option<Instant> = None;
     let mut last_push = Instant::now();
     request_resync(&client, &mut last_resync).await;
@@ -61,7 +65,21 @@ pub async fn run(
                 };
                 last_push = Instant::now();
                 let now = adspend_common::now_ms();
-                let applied = state.write().await.apply(&update, now);
+                let applied = {
+                    let mut state = state.write().await;
+                    arrivals.clear();
+                    let applied = state.apply_with_arrivals(&update, now, &mut arrivals);
+                    // Impression arrivals teach the traffic shape, in each
+                    // limit's local time of day.
+                    let catalog = catalog.borrow();
+                    for (limit, events) in &arrivals {
+                        if let Some(limit) = catalog.limit(limit) {
+                            let offset = chrono::Utc::now().with_timezone(&limit.time_zone).offset().fix().local_minus_utc();
+                            state.shape.observe(now + i64::from(offset) * 1000, *events as f64);
+                        }
+                    }
+                    applied
+                };
                 metrics::counter!(PACER_UPDATES_TOTAL).increment(1);
                 metrics::gauge!(PACER_LAG_SECONDS).set((now - update.watermark_ms).max(0) as f64 / 1000.0);
                 match applied {

@@ -7,9 +7,11 @@
 
 pub mod api;
 pub mod config;
+pub mod controller;
 pub mod error;
 pub mod ingest;
 pub mod pacing;
+pub mod shape;
 pub mod state;
 
 use std::sync::Arc;
@@ -37,7 +39,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
                 addr: addr.to_string(),
                 reason: e.to_string(),
             })?;
-    let ingest_task = tokio::spawn(ingest::run(client, pushes, spend.clone(), shutdown.clone()));
+    let ingest_task = tokio::spawn(ingest::run(
+        client,
+        pushes,
+        spend.clone(),
+        catalog.clone(),
+        shutdown.clone(),
+    ));
+    let tick_task = tokio::spawn(ticker(spend.clone(), catalog.clone(), shutdown.clone()));
     tracing::info!(addr = %addr, catalog = source.describe(), "pacer serving");
     let app = api::router(api::AppState { catalog, spend });
     let serve =
@@ -45,6 +54,43 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let result = serve.await.map_err(|e| Error::Serve(e.to_string()));
     shutdown.cancel();
     let _ = ingest_task.await;
+    let _ = tick_task.await;
     tracing::info!("pacer stopped");
     result
+}
+
+const TICK: std::time::Duration = std::time::Duration::from_secs(1);
+/// A history point every this many ticks.
+const HISTORY_EVERY: u64 = 10;
+
+/// Advance the controllers every second; decay the traffic shape hourly.
+async fn ticker(
+    spend: Arc<RwLock<state::SpendState>>,
+    catalog: tokio::sync::watch::Receiver<Arc<adspend_common::catalog::Catalog>>,
+    shutdown: CancellationToken,
+) {
+    let gains = controller::Gains::default();
+    let mut interval = tokio::time::interval(TICK);
+    let mut ticks: u64 = 0;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = interval.tick() => {}
+        }
+        ticks += 1;
+        let catalog = catalog.borrow().clone();
+        let mut state = spend.write().await;
+        let record = ticks % HISTORY_EVERY == 1;
+        pacing::tick(
+            &mut state,
+            &catalog,
+            chrono::Utc::now(),
+            TICK.as_secs_f64() / 60.0,
+            record,
+            &gains,
+        );
+        if ticks.is_multiple_of(3600) {
+            state.shape.decay(0.96);
+        }
+    }
 }

@@ -1,18 +1,23 @@
 //! The answer for one limit at one instant: spend in the current period,
-//! what is left, and how hard to bid.
+//! what is left, whether it is exhausted, how hard to bid, and the spend it
+//! can still overrun by; plus the periodic tick that advances every limit's
+//! controller and records its history.
 //!
-//! Pacing here is the simple rule: bid at full strength while spend is at or
-//! under an even spread of the budget over the period; above it, scale the
-//! multiplier down by how far ahead spend is.
+//! - Plan: the budget spread over the period following the learned traffic
+//!   shape (blended with uniform), [`crate::shape`].
+//! - Multiplier: the controller's output ([`crate::controller`]), capped by
+//!   the lag guard; 0 when exhausted.
+//! - Exhausted: the remainder cannot pay for one more typical event.
 
-use adspend_common::catalog::{Limit, Period};
+use adspend_common::catalog::{Catalog, Limit, Period};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
-use crate::state::{LimitSums, SpendState};
+use crate::controller::{lag_guard, Gains, Observation};
+use crate::state::{LimitSums, Pacing, Point, SpendState};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Pacing {
+pub struct PacingView {
     pub multiplier: f64,
     pub throttle: f64,
 }
@@ -29,50 +34,71 @@ pub struct LimitView {
     pub lifetime_spend_micros: u64,
     pub remaining_micros: u64,
     pub exhausted: bool,
-    pub pacing: Pacing,
+    pub pacing: PacingView,
     pub watermark: Option<String>,
     pub lag_ms: i64,
     pub overspend_bound_micros: u64,
+    /// Planned spend by now (daily limits; the budget for lifetime ones).
+    pub plan_micros: u64,
 }
 
 fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
+/// Fraction of the period elapsed at `now` (None for lifetime limits).
+fn elapsed_fraction(limit: &Limit, now: DateTime<Utc>) -> Option<(f64, f64)> {
+    let bounds = limit.period_at(now);
+    let (start, end) = (bounds.start?, bounds.end?);
+    let length = (end - start).num_milliseconds().max(1) as f64;
+    let elapsed = (now - start).num_milliseconds() as f64;
+    Some(((elapsed / length).clamp(0.0, 1.0), length))
+}
+
+/// Spend in the current period.
+fn period_spend(limit: &Limit, sums: Option<&LimitSums>, now: DateTime<Utc>) -> u64 {
+    match limit.period {
+        Period::Lifetime => sums.map_or(0, |s| s.lifetime_micros),
+        Period::Daily => {
+            let bucket = limit.period_at(now).bucket;
+            sums.and_then(|s| s.buckets.get(&bucket).copied())
+                .unwrap_or(0)
+        }
+    }
+}
+
+fn plan_micros(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> u64 {
+    match elapsed_fraction(limit, now) {
+        Some((f, _)) => (limit.budget_micros as f64 * state.shape.plan_fraction(f)).round() as u64,
+        None => limit.budget_micros,
+    }
+}
+
 pub fn view(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> LimitView {
     let sums: Option<&LimitSums> = state.limits.get(&*limit.id);
     let bounds = limit.period_at(now);
     let lifetime = sums.map_or(0, |s| s.lifetime_micros);
-    let spend = match limit.period {
-        Period::Lifetime => lifetime,
-        Period::Daily => sums
-            .and_then(|s| s.buckets.get(&bounds.bucket).copied())
-            .unwrap_or(0),
-    };
+    let spend = period_spend(limit, sums, now);
     let remaining = limit.budget_micros.saturating_sub(spend);
-    let exhausted = remaining == 0;
+    let typical = sums.map_or(0.0, |s| s.avg_cost);
+    let exhausted = remaining == 0 || (remaining as f64) < typical;
+
+    let watermark_ms = state.watermark_ms(sums);
+    let staleness = watermark_ms.map_or(0, |w| (now.timestamp_millis() - w).max(0));
+    // The guard plans for the worse of the measured p99 and the current staleness.
+    let lag_ms = state.lag.p99().max(staleness);
+    let controlled = match (limit.period, state.pacing.get(&*limit.id)) {
+        (Period::Daily, Some(p)) if p.bucket == bounds.bucket => p.controller.multiplier,
+        _ => 1.0,
+    };
+    let rate = sums.map_or(0.0, |s| s.rate_per_ms);
+    let max_cost = sums.map_or(0, |s| s.max_cost.max(s.avg_cost.ceil() as u64));
+    let guard = lag_guard(remaining, rate, controlled, lag_ms as f64, max_cost);
     let multiplier = if exhausted {
         0.0
     } else {
-        match (bounds.start, bounds.end) {
-            (Some(start), Some(end)) => {
-                let length = (end - start).num_milliseconds().max(1) as f64;
-                let left = (end - now).num_milliseconds().clamp(0, length as i64) as f64 / length;
-                let planned_remaining = limit.budget_micros as f64 * left;
-                if planned_remaining <= 0.0 {
-                    1.0
-                } else {
-                    (remaining as f64 / planned_remaining).clamp(0.0, 1.0)
-                }
-            }
-            _ => 1.0,
-        }
+        controlled.min(guard.cap)
     };
-    let watermark_ms = state.watermark_ms(sums);
-    let lag_ms = watermark_ms.map_or(0, |w| (now.timestamp_millis() - w).max(0));
-    let rate = sums.map_or(0.0, |s| s.rate_per_ms);
-    let overspend_bound_micros =
-        (rate * lag_ms as f64 * multiplier.max(if exhausted { 0.0 } else { 1.0 })).ceil() as u64;
     LimitView {
         limit_id: limit.id.to_string(),
         budget_micros: limit.budget_micros,
@@ -84,24 +110,134 @@ pub fn view(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> LimitView 
         lifetime_spend_micros: lifetime,
         remaining_micros: remaining,
         exhausted,
-        pacing: Pacing {
+        pacing: PacingView {
             multiplier,
             throttle: 1.0 - multiplier,
         },
         watermark: watermark_ms
             .and_then(DateTime::<Utc>::from_timestamp_millis)
             .map(rfc3339),
-        lag_ms,
-        overspend_bound_micros,
+        lag_ms: staleness,
+        overspend_bound_micros: guard.overspend_bound,
+        plan_micros: plan_micros(limit, state, now),
+    }
+}
+
+/// Most points kept per limit; when full, every other point is dropped, so
+/// the history always spans the whole period at a coarser resolution.
+const HISTORY_POINTS: usize = 720;
+/// Limits with a history (the memory bound of the dashboard's charts).
+const HISTORY_LIMITS: usize = 10_000;
+
+/// Advance every daily limit's controller to `now`; record history points.
+pub fn tick(
+    state: &mut SpendState,
+    catalog: &Catalog,
+    now: DateTime<Utc>,
+    dt_min: f64,
+    record: bool,
+    gains: &Gains,
+) {
+    let now_ms = now.timestamp_millis();
+    for limit in catalog.limits.values() {
+        let Some(sums) = state.limits.get(&*limit.id) else {
+            continue;
+        };
+        let spend = period_spend(limit, Some(sums), now);
+        let rate = sums.rate_per_ms;
+        let bucket = limit.period_at(now).bucket;
+        let plan = plan_micros(limit, state, now);
+        let observation = match (elapsed_fraction(limit, now), limit.budget_micros) {
+            (Some((f, length_ms)), budget) if budget > 0 => {
+                let budget = budget as f64;
+                Some(Observation {
+                    plan: plan as f64 / budget,
+                    spent: spend as f64 / budget,
+                    plan_rate: state.shape.plan_density(f) / (length_ms / 60_000.0),
+                    rate: rate * 60_000.0 / budget,
+                })
+            }
+            _ => None,
+        };
+        if !state.pacing.contains_key(&*limit.id)
+            && state.pacing.len() >= HISTORY_LIMITS
+            && observation.is_none()
+        {
+            continue;
+        }
+        let pacing = state
+            .pacing
+            .entry(limit.id.clone())
+            .or_insert_with(|| Pacing {
+                bucket,
+                ..Pacing::default()
+            });
+        if pacing.bucket != bucket {
+            // A new period: start over, keep nothing of yesterday's integral.
+            *pacing = Pacing {
+                bucket,
+                ..Pacing::default()
+            };
+        }
+        let multiplier = match observation {
+            Some(obs) => pacing.controller.step(&obs, dt_min, gains),
+            None => 1.0,
+        };
+        if record {
+            if pacing.history.len() >= HISTORY_POINTS {
+                let mut keep = false;
+                pacing.history.retain(|_| {
+                    keep = !keep;
+                    keep
+                });
+            }
+            pacing.history.push(Point {
+                t: now_ms,
+                spend_micros: spend,
+                plan_micros: plan,
+                multiplier,
+            });
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use adspend_common::catalog::Catalog;
     use adspend_common::types::{SumEntry, SumsUpdate};
     use chrono::TimeZone;
+
+    fn push(
+        state: &mut SpendState,
+        limit: &str,
+        entries: Vec<(u32, u64)>,
+        lifetime: u64,
+        events: u64,
+        now: i64,
+    ) {
+        state.apply(
+            &SumsUpdate {
+                shard: "all".into(),
+                epoch: 1,
+                seq: state.shards.values().map(|s| s.seq).max().unwrap_or(0) + 1,
+                push_seq: state.shards.values().map(|s| s.push_seq).max().unwrap_or(0) + 1,
+                full: false,
+                watermark_ms: now,
+                source_ms: now,
+                entries: entries
+                    .into_iter()
+                    .map(|(bucket, micros)| SumEntry {
+                        limit: limit.into(),
+                        bucket,
+                        bucket_micros: micros,
+                        lifetime_micros: lifetime,
+                        lifetime_events: events,
+                    })
+                    .collect(),
+            },
+            now,
+        );
+    }
 
     #[test]
     fn daily_spend_is_the_current_local_day() {
@@ -115,30 +251,12 @@ mod tests {
         let now = Utc.with_ymd_and_hms(2026, 11, 21, 17, 0, 0).unwrap();
         let today = limit.bucket_of(now.timestamp_millis());
         let mut state = SpendState::default();
-        state.apply(
-            &SumsUpdate {
-                shard: "all".into(),
-                epoch: 1,
-                seq: 1,
-                push_seq: 1,
-                full: true,
-                watermark_ms: now.timestamp_millis(),
-                source_ms: now.timestamp_millis(),
-                entries: vec![
-                    SumEntry {
-                        limit: "d".into(),
-                        bucket: today - 1,
-                        bucket_micros: 300,
-                        lifetime_micros: 900,
-                    },
-                    SumEntry {
-                        limit: "d".into(),
-                        bucket: today,
-                        bucket_micros: 600,
-                        lifetime_micros: 900,
-                    },
-                ],
-            },
+        push(
+            &mut state,
+            "d",
+            vec![(today - 1, 300), (today, 600)],
+            900,
+            9,
             now.timestamp_millis(),
         );
         let v = view(limit, &state, now);
@@ -147,12 +265,67 @@ mod tests {
         assert_eq!(v.remaining_micros, 400);
         assert_eq!(v.period_start.as_deref(), Some("2026-11-21T05:00:00.000Z"));
         assert_eq!(v.period_end.as_deref(), Some("2026-11-22T05:00:00.000Z"));
-        // Half the day left, 40% of the budget left: ahead of plan.
-        assert!(
-            (v.pacing.multiplier - 0.8).abs() < 1e-9,
-            "{}",
-            v.pacing.multiplier
-        );
+        assert_eq!(v.plan_micros, 500);
         assert!(!v.exhausted);
+    }
+
+    #[test]
+    fn exhausted_when_the_remainder_cannot_pay_a_typical_event() {
+        let catalog = Catalog::parse(
+            "t",
+            br#"{"limits":{"l":{"budget_micros":1000,"period":"lifetime"}}}"#,
+        )
+        .unwrap();
+        let limit = catalog.limit("l").unwrap();
+        let now = Utc.with_ymd_and_hms(2026, 11, 21, 17, 0, 0).unwrap();
+        let mut state = SpendState::default();
+        // 10 events of 95 micros: 50 left, less than one typical event.
+        push(
+            &mut state,
+            "l",
+            vec![(u32::MAX, 950)],
+            950,
+            10,
+            now.timestamp_millis(),
+        );
+        let v = view(limit, &state, now);
+        assert_eq!(v.remaining_micros, 50);
+        assert!(v.exhausted);
+        assert_eq!(v.pacing.multiplier, 0.0);
+    }
+
+    #[test]
+    fn ahead_of_plan_lowers_the_multiplier_over_ticks() {
+        let catalog = Catalog::parse(
+            "t",
+            br#"{"limits":{"d":{"budget_micros":1000000,"period":"daily"}}}"#,
+        )
+        .unwrap();
+        let limit = catalog.limit("d").unwrap();
+        // 06:00 UTC: a quarter of the day, 60% spent.
+        let now = Utc.with_ymd_and_hms(2026, 11, 21, 6, 0, 0).unwrap();
+        let mut state = SpendState::default();
+        let today = limit.bucket_of(now.timestamp_millis());
+        push(
+            &mut state,
+            "d",
+            vec![(today, 600_000)],
+            600_000,
+            600,
+            now.timestamp_millis(),
+        );
+        for i in 0..10 {
+            tick(
+                &mut state,
+                &catalog,
+                now + chrono::Duration::minutes(i),
+                1.0,
+                true,
+                &Gains::default(),
+            );
+        }
+        let v = view(limit, &state, now + chrono::Duration::minutes(10));
+        assert!(v.pacing.multiplier < 0.5, "{}", v.pacing.multiplier);
+        assert_eq!(state.pacing["d"].history.len(), 10);
     }
 }

@@ -7,10 +7,13 @@
 //! sequence (the log and the dedupe rules are deterministic), so comparing
 //! sequences is enough to never go backwards while a new owner catches up.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use adspend_common::types::{SumsUpdate, LIFETIME_BUCKET};
+
+use crate::controller::Controller;
+use crate::shape::TrafficShape;
 
 /// Buckets kept per limit: today in any zone plus a little history.
 const BUCKETS_KEPT: usize = 4;
@@ -24,6 +27,11 @@ pub struct LimitSums {
     /// Smoothed lifetime spend rate, micros per millisecond.
     pub rate_per_ms: f64,
     last_change_ms: i64,
+    pub lifetime_events: u64,
+    /// Smoothed cost of one event, micros.
+    pub avg_cost: f64,
+    /// Largest average event cost seen in one push, micros.
+    pub max_cost: u64,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -37,10 +45,63 @@ pub struct ShardState {
     pub updated_ms: i64,
 }
 
+/// Freshness samples (arrival minus source publish time) over a window.
+#[derive(Debug, Default)]
+pub struct LagWindow {
+    samples: VecDeque<(i64, i64)>,
+}
+
+const LAG_WINDOW_MS: i64 = 60_000;
+
+impl LagWindow {
+    pub fn record(&mut self, now_ms: i64, lag_ms: i64) {
+        self.samples.push_back((now_ms, lag_ms.max(0)));
+        while self
+            .samples
+            .front()
+            .is_some_and(|(t, _)| now_ms - t > LAG_WINDOW_MS)
+            || self.samples.len() > 10_000
+        {
+            self.samples.pop_front();
+        }
+    }
+
+    /// p99 of the last minute's samples (0 with none).
+    pub fn p99(&self) -> i64 {
+        let mut lags: Vec<i64> = self.samples.iter().map(|(_, l)| *l).collect();
+        if lags.is_empty() {
+            return 0;
+        }
+        lags.sort_unstable();
+        lags[((lags.len() as f64 * 0.99).ceil() as usize).clamp(1, lags.len()) - 1]
+    }
+}
+
+/// A point of a limit's history, for the dashboard.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Point {
+    pub t: i64,
+    pub spend_micros: u64,
+    pub plan_micros: u64,
+    pub multiplier: f64,
+}
+
+/// Per-limit pacing state the tick maintains.
+#[derive(Debug, Default, Clone)]
+pub struct Pacing {
+    pub controller: Controller,
+    /// Period bucket the controller is running for; a new period resets it.
+    pub bucket: u32,
+    pub history: Vec<Point>,
+}
+
 #[derive(Debug, Default)]
 pub struct SpendState {
     pub limits: HashMap<String, LimitSums>,
     pub shards: HashMap<Arc<str>, ShardState>,
+    pub lag: LagWindow,
+    pub shape: TrafficShape,
+    pub pacing: HashMap<Arc<str>, Pacing>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -53,7 +114,18 @@ pub enum Applied {
 }
 
 impl SpendState {
+    /// Fold in a push. New events per limit are appended to `arrivals` (for
+    /// the traffic shape).
     pub fn apply(&mut self, update: &SumsUpdate, now_ms: i64) -> Applied {
+        self.apply_with_arrivals(update, now_ms, &mut Vec::new())
+    }
+
+    pub fn apply_with_arrivals(
+        &mut self,
+        update: &SumsUpdate,
+        now_ms: i64,
+        arrivals: &mut Vec<(String, u64)>,
+    ) -> Applied {
         let shard: Arc<str> = match self.shards.get_key_value(update.shard.as_str()) {
             Some((k, _)) => k.clone(),
             None => Arc::from(update.shard.as_str()),
@@ -75,12 +147,27 @@ impl SpendState {
         }
         if !update.entries.is_empty() {
             state.lag_ms = (now_ms - update.source_ms).max(0);
+            self.lag.record(now_ms, state.lag_ms);
         }
         state.updated_ms = now_ms;
         for entry in &update.entries {
             let sums = self.limits.entry(entry.limit.clone()).or_default();
             if update.seq < sums.seq {
                 continue;
+            }
+            if entry.lifetime_events > sums.lifetime_events
+                && entry.lifetime_micros >= sums.lifetime_micros
+            {
+                let events = entry.lifetime_events - sums.lifetime_events;
+                let cost = (entry.lifetime_micros - sums.lifetime_micros) as f64 / events as f64;
+                sums.avg_cost = if sums.lifetime_events == 0 {
+                    cost
+                } else {
+                    0.9 * sums.avg_cost + 0.1 * cost
+                };
+                sums.max_cost = sums.max_cost.max(cost.ceil() as u64);
+                arrivals.push((entry.limit.clone(), events));
+                sums.lifetime_events = entry.lifetime_events;
             }
             if entry.lifetime_micros > sums.lifetime_micros {
                 let delta = (entry.lifetime_micros - sums.lifetime_micros) as f64;
@@ -144,6 +231,7 @@ mod tests {
                 bucket: 10,
                 bucket_micros: lifetime,
                 lifetime_micros: lifetime,
+                lifetime_events: lifetime / 10,
             }],
         }
     }

@@ -288,8 +288,8 @@ impl Campaign {
         let status = armed
             .wait_for_exit(Duration::from_secs(45))
             .await
-            .with_context(|| format!("{point} did not fire within 45s:\n{}", armed.log_tail(20)))?;
-        let log = armed.log_tail(200);
+            .with_context(|| format!("{point} did not fire within 45s:\n{}", armed.log_tail(60)))?;
+        let log = armed.log_tail(400);
         ensure!(
             log.contains(&format!("FAILPOINT FIRED: {point}")) && status.signal() == Some(6),
             "{service} ended without firing {point} ({status:?}):\n{}",
@@ -376,6 +376,21 @@ impl Campaign {
                 Ok((self.recovery_target("etcd", 0).await?, at))
             }
         }
+    }
+
+    /// The services' recent log lines, for a failure report.
+    fn logs(&self) -> String {
+        let mut out = String::from("recent service logs:\n");
+        for (name, process) in [
+            ("limiter", &self.p.limiter),
+            ("aggregator", &self.p.aggregator),
+            ("pacer", &self.p.pacer),
+        ] {
+            if let Some(process) = process {
+                out += &format!("---- {name} ----\n{}\n", process.log_tail(25));
+            }
+        }
+        out
     }
 
     async fn pacer_total(&self) -> anyhow::Result<u64> {
@@ -573,7 +588,9 @@ pub async fn run(
             usable[campaign.rng.random_range(0..usable.len())]
         };
         let started = Instant::now();
-        campaign.round(index, fault).await?;
+        if let Err(e) = campaign.round(index, fault).await {
+            return Err(e.context(campaign.logs()));
+        }
         campaign.report.rounds += 1;
         on_round(index, fault, started.elapsed().as_millis() as u64);
     }

@@ -94,7 +94,10 @@ impl Pipeline {
                 self.aggregator_dir().display().to_string(),
             ),
             ("ADSPEND_PACER_ADDR".into(), self.pacer_addr.clone()),
-            ("RUST_LOG".into(), "info".into()),
+            (
+                "RUST_LOG".into(),
+                "info,adspend_aggregator=debug,adspend_limiter=debug".into(),
+            ),
         ];
         match &self.etcd {
             Some(etcd) => {
