@@ -13,7 +13,7 @@ use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, RwLock};
 
-use crate::pacing::{view, LimitView};
+use crate::pacing::{decide, view, Decision, LimitView};
 use crate::state::SpendState;
 
 #[derive(Clone)]
@@ -132,15 +132,6 @@ struct DecisionRequest {
 }
 
 #[derive(Serialize)]
-struct Decision {
-    ad_id: String,
-    servable: bool,
-    multiplier: f64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<&'static str>,
-}
-
-#[derive(Serialize)]
 struct DecisionResponse {
     decisions: Vec<Decision>,
 }
@@ -154,29 +145,7 @@ async fn decisions(State(app): State<AppState>, Json(request): Json<DecisionRequ
     let decisions: Vec<Decision> = request
         .ad_ids
         .into_iter()
-        .map(|ad_id| match catalog.limits_above_ad(&ad_id) {
-            None => Decision {
-                ad_id,
-                servable: false,
-                multiplier: 0.0,
-                error: Some("unknown ad"),
-            },
-            Some(limits) => {
-                let mut multiplier: f64 = 1.0;
-                let mut servable = true;
-                for limit in &limits {
-                    let v = view(limit, &spend, now);
-                    servable &= !v.exhausted;
-                    multiplier = multiplier.min(v.pacing.multiplier);
-                }
-                Decision {
-                    ad_id,
-                    servable,
-                    multiplier: if servable { multiplier } else { 0.0 },
-                    error: None,
-                }
-            }
-        })
+        .map(|ad_id| decide(&catalog, &spend, ad_id, now))
         .collect();
     metrics::counter!(DECISIONS_TOTAL).increment(decisions.len() as u64);
     Json(DecisionResponse { decisions }).into_response()

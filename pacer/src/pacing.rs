@@ -74,31 +74,56 @@ fn plan_micros(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> u64 {
     }
 }
 
-pub fn view(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> LimitView {
+/// The pacing numbers of one limit, without the presentation strings: what
+/// both the limit view and the bidder's decisions need.
+#[derive(Debug, Clone, Copy)]
+pub struct Verdict {
+    pub spend: u64,
+    pub remaining: u64,
+    pub exhausted: bool,
+    pub multiplier: f64,
+    pub overspend_bound: u64,
+    pub watermark_ms: Option<i64>,
+    pub staleness_ms: i64,
+}
+
+pub fn verdict(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> Verdict {
     let sums: Option<&LimitSums> = state.limits.get(&*limit.id);
-    let bounds = limit.period_at(now);
-    let lifetime = sums.map_or(0, |s| s.lifetime_micros);
     let spend = period_spend(limit, sums, now);
     let remaining = limit.budget_micros.saturating_sub(spend);
     let typical = sums.map_or(0.0, |s| s.avg_cost);
     let exhausted = remaining == 0 || (remaining as f64) < typical;
-
     let watermark_ms = state.watermark_ms(sums);
-    let staleness = watermark_ms.map_or(0, |w| (now.timestamp_millis() - w).max(0));
+    let staleness_ms = watermark_ms.map_or(0, |w| (now.timestamp_millis() - w).max(0));
     // The guard plans for the worse of the measured p99 and the current staleness.
-    let lag_ms = state.lag.p99().max(staleness);
+    let lag_ms = state.lag.p99().max(staleness_ms);
     let controlled = match (limit.period, state.pacing.get(&*limit.id)) {
-        (Period::Daily, Some(p)) if p.bucket == bounds.bucket => p.controller.multiplier,
+        (Period::Daily, Some(p)) if p.bucket == limit.bucket_of(now.timestamp_millis()) => {
+            p.controller.multiplier
+        }
         _ => 1.0,
     };
     let rate = sums.map_or(0.0, |s| s.rate_per_ms);
     let max_cost = sums.map_or(0, |s| s.max_cost.max(s.avg_cost.ceil() as u64));
     let guard = lag_guard(remaining, rate, controlled, lag_ms as f64, max_cost);
-    let multiplier = if exhausted {
-        0.0
-    } else {
-        controlled.min(guard.cap)
-    };
+    Verdict {
+        spend,
+        remaining,
+        exhausted,
+        multiplier: if exhausted {
+            0.0
+        } else {
+            controlled.min(guard.cap)
+        },
+        overspend_bound: guard.overspend_bound,
+        watermark_ms,
+        staleness_ms,
+    }
+}
+
+pub fn view(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> LimitView {
+    let bounds = limit.period_at(now);
+    let v = verdict(limit, state, now);
     LimitView {
         limit_id: limit.id.to_string(),
         budget_micros: limit.budget_micros,
@@ -106,20 +131,74 @@ pub fn view(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> LimitView 
         time_zone: limit.time_zone.name().to_string(),
         period_start: bounds.start.map(rfc3339),
         period_end: bounds.end.map(rfc3339),
-        spend_micros: spend,
-        lifetime_spend_micros: lifetime,
-        remaining_micros: remaining,
-        exhausted,
+        spend_micros: v.spend,
+        lifetime_spend_micros: state
+            .limits
+            .get(&*limit.id)
+            .map_or(0, |s| s.lifetime_micros),
+        remaining_micros: v.remaining,
+        exhausted: v.exhausted,
         pacing: PacingView {
-            multiplier,
-            throttle: 1.0 - multiplier,
+            multiplier: v.multiplier,
+            throttle: 1.0 - v.multiplier,
         },
-        watermark: watermark_ms
+        watermark: v
+            .watermark_ms
             .and_then(DateTime::<Utc>::from_timestamp_millis)
             .map(rfc3339),
-        lag_ms: staleness,
-        overspend_bound_micros: guard.overspend_bound,
+        lag_ms: v.staleness_ms,
+        overspend_bound_micros: v.overspend_bound,
         plan_micros: plan_micros(limit, state, now),
+    }
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Decision {
+    pub ad_id: String,
+    pub servable: bool,
+    pub multiplier: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'static str>,
+}
+
+/// May the bidder bid on `ad_id`, and how hard: servable only if every limit
+/// above the ad (its own and their parents) is; the multiplier is the least
+/// of theirs.
+pub fn decide(
+    catalog: &Catalog,
+    state: &SpendState,
+    ad_id: String,
+    now: DateTime<Utc>,
+) -> Decision {
+    let Some(limits) = catalog.limits_of_ad(&ad_id) else {
+        return Decision {
+            ad_id,
+            servable: false,
+            multiplier: 0.0,
+            error: Some("unknown ad"),
+        };
+    };
+    let mut multiplier: f64 = 1.0;
+    let mut servable = true;
+    let mut seen: Vec<&str> = Vec::with_capacity(limits.len() + 2);
+    for direct in limits {
+        let mut cursor = Some(direct);
+        while let Some(limit) = cursor {
+            if seen.contains(&&*limit.id) {
+                break;
+            }
+            seen.push(&limit.id);
+            let v = verdict(limit, state, now);
+            servable &= !v.exhausted;
+            multiplier = multiplier.min(v.multiplier);
+            cursor = limit.parent.as_deref().and_then(|p| catalog.limit(p));
+        }
+    }
+    Decision {
+        ad_id,
+        servable,
+        multiplier: if servable { multiplier } else { 0.0 },
+        error: None,
     }
 }
 
@@ -327,5 +406,99 @@ mod tests {
         let v = view(limit, &state, now + chrono::Duration::minutes(10));
         assert!(v.pacing.multiplier < 0.5, "{}", v.pacing.multiplier);
         assert_eq!(state.pacing["d"].history.len(), 10);
+    }
+
+    const HIERARCHY: &[u8] = br#"{
+      "limits": {
+        "account": {"budget_micros": 10000, "period": "lifetime"},
+        "campaign": {"budget_micros": 5000, "period": "daily", "time_zone": "Europe/Berlin", "parent": "account"},
+        "adset-a": {"budget_micros": 1000, "period": "lifetime", "parent": "campaign"},
+        "adset-b": {"budget_micros": 4000, "period": "lifetime", "parent": "campaign"}
+      },
+      "ads": {"ad-a": ["adset-a"], "ad-b": ["adset-b"]}
+    }"#;
+
+    #[test]
+    fn an_ad_is_servable_only_if_every_limit_above_it_is() {
+        let catalog = Catalog::parse("t", HIERARCHY).unwrap();
+        let now = Utc.with_ymd_and_hms(2026, 11, 21, 11, 0, 0).unwrap();
+        let ms = now.timestamp_millis();
+        let day = catalog.limit("campaign").unwrap().bucket_of(ms);
+        let mut state = SpendState::default();
+        let d = |state: &SpendState, ad: &str| decide(&catalog, state, ad.to_string(), now);
+        assert!(d(&state, "ad-a").servable && d(&state, "ad-b").servable);
+        // adset-a spent out (10 events of 100): only ad-a stops.
+        push(&mut state, "adset-a", vec![(u32::MAX, 1000)], 1000, 10, ms);
+        assert!(!d(&state, "ad-a").servable);
+        assert_eq!(d(&state, "ad-a").multiplier, 0.0);
+        assert!(d(&state, "ad-b").servable);
+        // The campaign above both spent out today: both stop, through `parent`.
+        push(&mut state, "campaign", vec![(day, 5000)], 5000, 50, ms);
+        assert!(!d(&state, "ad-b").servable);
+        let unknown = d(&state, "nope");
+        assert_eq!(
+            (unknown.servable, unknown.error),
+            (false, Some("unknown ad"))
+        );
+    }
+
+    #[test]
+    fn dst_days_plan_the_full_budget_over_23_and_25_hours() {
+        let catalog = Catalog::parse(
+            "t",
+            br#"{"limits":{"d":{"budget_micros":2400000,"period":"daily","time_zone":"America/New_York"}}}"#,
+        )
+        .unwrap();
+        let limit = catalog.limit("d").unwrap();
+        let state = SpendState::default();
+        for (day, hours) in [
+            ((2026, 3, 8), 23),
+            ((2026, 11, 1), 25),
+            ((2026, 11, 21), 24),
+        ] {
+            // Local noon of that day, then the period it falls in.
+            let noon = Utc.with_ymd_and_hms(day.0, day.1, day.2, 17, 0, 0).unwrap();
+            let v = view(limit, &state, noon);
+            let start: DateTime<Utc> = v.period_start.unwrap().parse().unwrap();
+            let end: DateTime<Utc> = v.period_end.unwrap().parse().unwrap();
+            assert_eq!((end - start).num_hours(), hours, "{day:?}");
+            // The plan reaches the whole budget at the period's last instant.
+            let last = view(limit, &state, end - chrono::Duration::milliseconds(1));
+            assert!(
+                limit.budget_micros - last.plan_micros <= 1,
+                "{day:?}: {}",
+                last.plan_micros
+            );
+            assert_eq!(view(limit, &state, start).plan_micros, 0);
+        }
+    }
+
+    #[test]
+    fn a_budget_change_applies_at_once() {
+        let before = Catalog::parse("t", HIERARCHY).unwrap();
+        let after = Catalog::parse(
+            "t",
+            &String::from_utf8_lossy(HIERARCHY)
+                .replace("1000, \"period\"", "3000, \"period\"")
+                .into_bytes(),
+        )
+        .unwrap();
+        let now = Utc.with_ymd_and_hms(2026, 11, 21, 11, 0, 0).unwrap();
+        let mut state = SpendState::default();
+        push(
+            &mut state,
+            "adset-a",
+            vec![(u32::MAX, 1000)],
+            1000,
+            10,
+            now.timestamp_millis(),
+        );
+        assert!(view(before.limit("adset-a").unwrap(), &state, now).exhausted);
+        let v = view(after.limit("adset-a").unwrap(), &state, now);
+        assert_eq!(
+            (v.budget_micros, v.remaining_micros, v.exhausted),
+            (3000, 2000, false)
+        );
+        assert!(decide(&after, &state, "ad-a".into(), now).servable);
     }
 }
