@@ -6,5 +6,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash scripts/install-deps.sh test
+# A target directory of its own: other builds in target/ (without failure
+# points) must not replace the binaries the campaign keeps restarting.
+export CARGO_TARGET_DIR="$root/target/chaos"
 cargo build --workspace --bins --features adspend-tests/failpoints
-exec "$root/target/debug/adchaos" "$@"
+exec "$CARGO_TARGET_DIR/debug/adchaos" "$@"
