@@ -103,7 +103,16 @@ pub fn verdict(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> Verdict
         }
         _ => 1.0,
     };
-    let rate = sums.map_or(0.0, |s| s.rate_per_ms);
+    // In flight: the recent peak rate, raised by how much the traffic shape
+    // expects it to grow within the lag.
+    let growth = match elapsed_fraction(limit, now) {
+        Some((f, length)) => {
+            let later = (f + lag_ms as f64 / length).min(1.0);
+            (state.shape.plan_density(later) / state.shape.plan_density(f).max(1e-9)).max(1.0)
+        }
+        None => 1.0,
+    };
+    let rate = sums.map_or(0.0, |s| s.peak_rate_per_ms.max(s.rate_per_ms)) * growth;
     let max_cost = sums.map_or(0, |s| s.max_cost.max(s.avg_cost.ceil() as u64));
     let guard = lag_guard(remaining, rate, controlled, lag_ms as f64, max_cost);
     Verdict {

@@ -26,6 +26,9 @@ pub struct LimitSums {
     pub shard: Option<Arc<str>>,
     /// Smoothed lifetime spend rate, micros per millisecond.
     pub rate_per_ms: f64,
+    /// Recent peak of the spend rate (decays slowly): what the lag guard
+    /// assumes is in flight, since traffic can rise within the lag.
+    pub peak_rate_per_ms: f64,
     last_change_ms: i64,
     pub lifetime_events: u64,
     /// Smoothed cost of one event, micros.
@@ -51,7 +54,7 @@ pub struct LagWindow {
     samples: VecDeque<(i64, i64)>,
 }
 
-const LAG_WINDOW_MS: i64 = 60_000;
+const LAG_WINDOW_MS: i64 = 300_000;
 
 impl LagWindow {
     pub fn record(&mut self, now_ms: i64, lag_ms: i64) {
@@ -173,7 +176,9 @@ impl SpendState {
                 let delta = (entry.lifetime_micros - sums.lifetime_micros) as f64;
                 let elapsed = (now_ms - sums.last_change_ms).max(1) as f64;
                 if sums.last_change_ms > 0 {
-                    sums.rate_per_ms = 0.8 * sums.rate_per_ms + 0.2 * (delta / elapsed);
+                    let sample = delta / elapsed;
+                    sums.rate_per_ms = 0.8 * sums.rate_per_ms + 0.2 * sample;
+                    sums.peak_rate_per_ms = sample.max(sums.peak_rate_per_ms * 0.98).max(sums.rate_per_ms);
                 }
                 sums.last_change_ms = now_ms;
             }
