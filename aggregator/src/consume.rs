@@ -3,7 +3,7 @@
 //! whenever it fails. Before reading, the stream's bounds are checked against
 //! the restore point (DESIGN.md rule 4).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use adspend_common::codec::decode_spend;
 use adspend_common::nats::spend_subject;
@@ -17,10 +17,13 @@ use tokio_util::sync::CancellationToken;
 use crate::apply::Incoming;
 use crate::error::Error;
 
-const INTEGRITY_CHECK: Duration = Duration::from_secs(5);
+const INTEGRITY_CHECK: Duration = Duration::from_secs(2);
+/// No message for this long while the stream holds unread ones: recreate.
+const STALL: Duration = Duration::from_secs(2);
 
-/// Refuse to start where replay would silently skip or double count.
-pub async fn check_bounds(stream: &mut Stream, last_applied: u64) -> Result<(), Error> {
+/// Refuse to go on where replay would silently skip or double count.
+/// Returns the stream's last sequence.
+pub async fn check_bounds(stream: &mut Stream, last_applied: u64) -> Result<u64, Error> {
     let info = stream
         .info()
         .await
@@ -44,7 +47,7 @@ pub async fn check_bounds(stream: &mut Stream, last_applied: u64) -> Result<(), 
             last_applied,
         });
     }
-    Ok(())
+    Ok(last_seq)
 }
 
 pub struct Consumer {
@@ -60,6 +63,9 @@ impl Consumer {
             deliver_policy: DeliverPolicy::ByStartSequence {
                 start_sequence: self.next_seq,
             },
+            // Short pulls: after a server restart the (in-memory) consumer
+            // is gone, and a long pull hides that for its whole duration.
+            max_expires: Duration::from_secs(2),
             ..Default::default()
         };
         if let Some(owned) = &self.owned {
@@ -75,7 +81,7 @@ impl Consumer {
             // need, or went back below what we applied, is a loud stop.
             if !first {
                 match check_bounds(&mut self.stream, self.next_seq - 1).await {
-                    Ok(()) => {}
+                    Ok(_) => {}
                     Err(e @ (Error::RetentionGap { .. } | Error::LogBackwards { .. })) => {
                         return Err(e)
                     }
@@ -102,6 +108,8 @@ impl Consumer {
             };
             let mut integrity = tokio::time::interval(INTEGRITY_CHECK);
             integrity.tick().await;
+            let mut last_received = Instant::now();
+            let mut last_gap_check: Option<Instant> = None;
             loop {
                 let next = tokio::select! {
                     _ = cancel.cancelled() => return Ok(()),
@@ -112,6 +120,12 @@ impl Consumer {
                     _ = integrity.tick() => {
                         match check_bounds(&mut self.stream, self.next_seq - 1).await {
                             Err(e @ (Error::RetentionGap { .. } | Error::LogBackwards { .. })) => return Err(e),
+                            // Messages wait in the stream but none arrive: the
+                            // consumer was lost (a server restart); recreate it.
+                            Ok(last) if last >= self.next_seq && last_received.elapsed() >= STALL => {
+                                tracing::warn!(next_seq = self.next_seq, last_seq = last, "SPEND consumer stalled; recreating");
+                                break;
+                            }
                             _ => continue,
                         }
                     }
@@ -128,8 +142,22 @@ impl Consumer {
                     .info()
                     .map_err(|e| Error::Consumer(format!("message metadata: {e}")))?;
                 let seq = info.stream_sequence;
+                last_received = Instant::now();
                 if seq < self.next_seq {
                     continue;
+                }
+                // A jump: normal when filtering some partitions (the others'
+                // messages are skipped), a lost range otherwise. Where the
+                // stream's head moved past what we need, stop loudly.
+                if seq > self.next_seq
+                    && (self.owned.is_none() || last_gap_check.is_none_or(|t| t.elapsed() >= STALL))
+                {
+                    last_gap_check = Some(Instant::now());
+                    if let Err(e @ (Error::RetentionGap { .. } | Error::LogBackwards { .. })) =
+                        check_bounds(&mut self.stream, self.next_seq - 1).await
+                    {
+                        return Err(e);
+                    }
                 }
                 let decoded =
                     decode_spend(&message.payload).map_err(|e| Error::BadSpendMessage {

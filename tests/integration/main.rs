@@ -7,6 +7,7 @@ mod config_errors;
 mod deadletter;
 mod harness_selftest;
 mod pipeline;
+mod recovery;
 mod restart;
 mod sim_selftest;
 mod support;
