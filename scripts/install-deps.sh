@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what adspend needs on a fresh Debian machine, idempotently.
 #   scripts/install-deps.sh run    -> build + demo dependencies (protoc, nats-server)
-#   scripts/install-deps.sh test   -> also etcd, an S3-compatible server (moto)
+#   scripts/install-deps.sh test   -> also etcd, an S3-compatible server (moto), chromium (dashboard test)
 # Python tools go into .tools/venv inside the repository; Debian packages via apt.
 set -euo pipefail
 mode=${1:-run}
@@ -13,6 +13,7 @@ need_apt=()
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 if [ "$mode" = test ]; then
   command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || need_apt+=(etcd-server)
+  [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-deps: apt-get install ${need_apt[*]}"

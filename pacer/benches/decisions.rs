@@ -23,7 +23,10 @@ fn main() {
     let mut ad_ids = Vec::new();
     for a in 0..ACCOUNTS {
         let account = format!("account-{a}");
-        limits.insert(account.clone(), serde_json::json!({"budget_micros": 1_000_000_000_000u64, "period": "lifetime"}));
+        limits.insert(
+            account.clone(),
+            serde_json::json!({"budget_micros": 1_000_000_000_000u64, "period": "lifetime"}),
+        );
         for c in 0..CAMPAIGNS_PER_ACCOUNT {
             let campaign = format!("campaign-{a}-{c}");
             limits.insert(campaign.clone(), serde_json::json!({"budget_micros": 100_000_000_000u64, "period": "daily", "time_zone": "America/New_York", "parent": account}));
@@ -47,7 +50,11 @@ fn main() {
         .values()
         .map(|l| SumEntry {
             limit: l.id.to_string(),
-            bucket: if l.bucket_of(now.timestamp_millis()) == LIFETIME_BUCKET { LIFETIME_BUCKET } else { l.bucket_of(now.timestamp_millis()) },
+            bucket: if l.bucket_of(now.timestamp_millis()) == LIFETIME_BUCKET {
+                LIFETIME_BUCKET
+            } else {
+                l.bucket_of(now.timestamp_millis())
+            },
             bucket_micros: l.budget_micros / 3,
             lifetime_micros: l.budget_micros / 3,
             lifetime_events: 1_000,
@@ -66,7 +73,14 @@ fn main() {
         },
         now.timestamp_millis(),
     );
-    tick(&mut state, &catalog, now, 1.0 / 60.0, false, &Default::default());
+    tick(
+        &mut state,
+        &catalog,
+        now,
+        1.0 / 60.0,
+        false,
+        &Default::default(),
+    );
     println!(
         "decisions bench: {} limits, {} ads, batches of {BATCH} ads (each ad: 3 limits through parents)",
         catalog.limits.len(),

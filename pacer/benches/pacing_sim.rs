@@ -86,7 +86,7 @@ struct Baseline {
 
 impl Pacer for Baseline {
     fn observe(&mut self, v: &Visible<'_>) {
-        if v.minute % MINUTES == 0 {
+        if v.minute.is_multiple_of(MINUTES) {
             self.pass.iter_mut().for_each(|p| *p = 1.0);
         }
         self.visible.copy_from_slice(v.day);
@@ -129,7 +129,7 @@ impl Pacer for Ours {
     fn observe(&mut self, v: &Visible<'_>) {
         let now = self.day_start + chrono::Duration::minutes(v.minute as i64);
         let now_ms = now.timestamp_millis();
-        if v.minute % MINUTES == 0 {
+        if v.minute.is_multiple_of(MINUTES) {
             self.exhausted.iter_mut().for_each(|e| *e = false);
         }
         self.seq += 1;
@@ -165,7 +165,14 @@ impl Pacer for Ours {
         for (_, n) in &arrivals {
             self.state.shape.observe(now_ms - lag_ms, *n as f64);
         }
-        tick(&mut self.state, &self.catalog, now, 1.0, false, &Default::default());
+        tick(
+            &mut self.state,
+            &self.catalog,
+            now,
+            1.0,
+            false,
+            &Default::default(),
+        );
         for (i, id) in self.ids.iter().enumerate() {
             let verdict = verdict(self.catalog.limit(id).unwrap(), &self.state, now);
             self.multipliers[i] = verdict.multiplier;
@@ -274,7 +281,9 @@ fn simulate(pacer: &mut dyn Pacer, specs: &[LimitSpec], lag_min: usize, seed: u6
                 if lambda <= 0.0 {
                     continue;
                 }
-                let k = Poisson::new(lambda).map(|d| d.sample(&mut rng) as u64).unwrap_or(0);
+                let k = Poisson::new(lambda)
+                    .map(|d| d.sample(&mut rng) as u64)
+                    .unwrap_or(0);
                 for _ in 0..k {
                     let cost = rng.random_range(AVG_COST * 0.2..AVG_COST * 1.8) as u64;
                     spent[i] += cost;
@@ -296,12 +305,16 @@ fn simulate(pacer: &mut dyn Pacer, specs: &[LimitSpec], lag_min: usize, seed: u6
         for i in 0..n {
             let budget = specs[i].budget as f64;
             let spend = spent[i] as f64;
-            out.over_pct.push(((spend - budget) / budget * 100.0).max(0.0));
-            out.under_pct.push(((budget - spend) / budget * 100.0).max(0.0));
-            out.live.push((last_imp[i] + 1) as f64 / MINUTES as f64 * 100.0);
+            out.over_pct
+                .push(((spend - budget) / budget * 100.0).max(0.0));
+            out.under_pct
+                .push(((budget - spend) / budget * 100.0).max(0.0));
+            out.live
+                .push((last_imp[i] + 1) as f64 / MINUTES as f64 * 100.0);
             let mut sq = 0.0;
             for (h, spent_h) in by_hour[i].iter().enumerate() {
-                let planned = budget * (0..60).map(|m| diurnal(h * 60 + m)).sum::<f64>() / shape_total;
+                let planned =
+                    budget * (0..60).map(|m| diurnal(h * 60 + m)).sum::<f64>() / shape_total;
                 sq += ((*spent_h as f64 - planned) / (budget / 24.0)).powi(2);
             }
             out.rmse.push((sq / 24.0).sqrt());
@@ -327,7 +340,10 @@ fn main() {
     let mut doc_limits = serde_json::Map::new();
     let ids: Vec<String> = (0..specs.len()).map(|i| format!("limit-{i}")).collect();
     for (i, id) in ids.iter().enumerate() {
-        doc_limits.insert(id.clone(), serde_json::json!({"budget_micros": specs[i].budget, "period": "daily"}));
+        doc_limits.insert(
+            id.clone(),
+            serde_json::json!({"budget_micros": specs[i].budget, "period": "daily"}),
+        );
     }
     let doc = serde_json::json!({"limits": doc_limits}).to_string();
     println!(
@@ -358,7 +374,9 @@ fn main() {
         };
         let o = simulate(&mut ours, &specs, lag, 100 + lag as u64);
         for (name, r) in [("linkedin-style", &b), ("adspend", &o)] {
-            let over_share = r.over_pct.iter().filter(|x| **x > 0.0).count() as f64 / r.over_pct.len() as f64 * 100.0;
+            let over_share = r.over_pct.iter().filter(|x| **x > 0.0).count() as f64
+                / r.over_pct.len() as f64
+                * 100.0;
             println!(
                 "| {name} | {lag} | {:.2} | {:.2} | {:.1}% | {:.2} | {:.1} | {:.3} | {:.4} | {} |",
                 mean(&r.over_pct),
@@ -373,4 +391,3 @@ fn main() {
         }
     }
 }
-

@@ -267,11 +267,15 @@ pub fn tick(
                 ..Pacing::default()
             };
         }
-        let multiplier = match observation {
-            Some(obs) => pacing.controller.step(&obs, dt_min, gains),
-            None => 1.0,
-        };
+        if let Some(obs) = observation {
+            pacing.controller.step(&obs, dt_min, gains);
+        }
         if record {
+            // The multiplier the API serves (guard and exhaustion included).
+            let multiplier = verdict(limit, state, now).multiplier;
+            let Some(pacing) = state.pacing.get_mut(&*limit.id) else {
+                continue;
+            };
             if pacing.history.len() >= HISTORY_POINTS {
                 let mut keep = false;
                 pacing.history.retain(|_| {

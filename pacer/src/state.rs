@@ -178,7 +178,9 @@ impl SpendState {
                 if sums.last_change_ms > 0 {
                     let sample = delta / elapsed;
                     sums.rate_per_ms = 0.8 * sums.rate_per_ms + 0.2 * sample;
-                    sums.peak_rate_per_ms = sample.max(sums.peak_rate_per_ms * 0.98).max(sums.rate_per_ms);
+                    sums.peak_rate_per_ms = sample
+                        .max(sums.peak_rate_per_ms * 0.98)
+                        .max(sums.rate_per_ms);
                 }
                 sums.last_change_ms = now_ms;
             }

@@ -4,6 +4,7 @@
 mod catalog_watch;
 mod chaos;
 mod config_errors;
+mod dashboard;
 mod deadletter;
 mod harness_selftest;
 mod pipeline;
