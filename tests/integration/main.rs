@@ -6,6 +6,7 @@ mod chaos;
 mod config_errors;
 mod dashboard;
 mod deadletter;
+mod decisions;
 mod harness_selftest;
 mod pipeline;
 mod recovery;
