@@ -94,6 +94,10 @@ impl Pipeline {
                 self.aggregator_dir().display().to_string(),
             ),
             ("ADSPEND_PACER_ADDR".into(), self.pacer_addr.clone()),
+            // Every test and campaign round lasts well under two minutes; a
+            // short window keeps the LMDB (and each snapshot) small, as a
+            // production window bounds it by time and count.
+            ("ADSPEND_DEDUPE_WINDOW_MS".into(), "120000".into()),
             (
                 "RUST_LOG".into(),
                 "info,adspend_aggregator=debug,adspend_limiter=debug".into(),
