@@ -20,7 +20,7 @@ echo "test: cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
-cargo test --workspace --all-targets "${features[@]}" -- --test-threads=3 2>&1 | tee "$log"
+cargo test --workspace --lib --bins --tests "${features[@]}" -- --test-threads=3 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 passed=$(grep -Eo '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
