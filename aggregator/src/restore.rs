@@ -40,6 +40,15 @@ fn new_lineage() -> String {
     format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&seed))
 }
 
+/// A new history: an empty store gets a lineage of its own.
+fn fresh(store: Store) -> Result<(Store, String, Start), Error> {
+    let lineage = new_lineage();
+    let mut txn = store.write_txn()?;
+    store.set_lineage(&mut txn, &lineage)?;
+    txn.commit().map_err(store.err("commit"))?;
+    Ok((store, lineage, Start::Fresh))
+}
+
 fn close(store: Store) {
     store.env.prepare_for_closing().wait();
 }
@@ -72,21 +81,13 @@ pub async fn open_or_restore(
                 close(store);
             }
             (None, None) => {
-                let lineage = new_lineage();
-                let mut txn = store.write_txn()?;
-                store.set_lineage(&mut txn, &lineage)?;
-                txn.commit().map_err(store.err("commit"))?;
-                return Ok((store, lineage, Start::Fresh));
+                return fresh(store);
             }
         }
     }
     let Some(record) = record else {
         let store = Store::open(lmdb_dir, map_size)?;
-        let lineage = new_lineage();
-        let mut txn = store.write_txn()?;
-        store.set_lineage(&mut txn, &lineage)?;
-        txn.commit().map_err(store.err("commit"))?;
-        return Ok((store, lineage, Start::Fresh));
+        return fresh(store);
     };
     let restore_dir = tmp_dir.join("restore");
     let _ = std::fs::remove_dir_all(&restore_dir);

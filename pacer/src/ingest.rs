@@ -72,9 +72,10 @@ pub async fn run(
                     // Impression arrivals teach the traffic shape, in each
                     // limit's local time of day.
                     let catalog = catalog.borrow();
+                    let arrived = chrono::DateTime::from_timestamp_millis(now).unwrap_or_default();
                     for (limit, events) in &arrivals {
                         if let Some(limit) = catalog.limit(limit) {
-                            let offset = chrono::Utc::now().with_timezone(&limit.time_zone).offset().fix().local_minus_utc();
+                            let offset = arrived.with_timezone(&limit.time_zone).offset().fix().local_minus_utc();
                             state.shape.observe(now + i64::from(offset) * 1000, *events as f64);
                         }
                     }

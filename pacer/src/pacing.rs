@@ -227,6 +227,11 @@ pub fn tick(
     gains: &Gains,
 ) {
     let now_ms = now.timestamp_millis();
+    let mut with_history = state
+        .pacing
+        .values()
+        .filter(|p| !p.history.is_empty())
+        .count();
     for limit in catalog.limits.values() {
         let Some(sums) = state.limits.get(&*limit.id) else {
             continue;
@@ -247,10 +252,12 @@ pub fn tick(
             }
             _ => None,
         };
-        if !state.pacing.contains_key(&*limit.id)
-            && state.pacing.len() >= HISTORY_LIMITS
-            && observation.is_none()
-        {
+        let has_history = state
+            .pacing
+            .get(&*limit.id)
+            .is_some_and(|p| !p.history.is_empty());
+        let record = record && (has_history || with_history < HISTORY_LIMITS);
+        if observation.is_none() && !record {
             continue;
         }
         let pacing = state
@@ -283,6 +290,7 @@ pub fn tick(
                     keep
                 });
             }
+            with_history += usize::from(pacing.history.is_empty());
             pacing.history.push(Point {
                 t: now_ms,
                 spend_micros: spend,
