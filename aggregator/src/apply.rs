@@ -19,10 +19,12 @@ use adspend_common::telemetry::{
 use adspend_common::types::{SpendMessage, SumEntry, LIFETIME_BUCKET};
 use adspend_common::{failpoint, now_ms};
 use heed::RwTxn;
+use rustc_hash::FxHashMap;
 use tokio::sync::{mpsc, watch};
 
 use crate::error::Error;
-use crate::store::{sum_key, time_key, Store};
+use crate::dedupe::{self, IdSet};
+use crate::store::{log_key, log_key_time, sum_key_into, Store};
 
 /// A message read from `SPEND`.
 #[derive(Debug)]
@@ -44,8 +46,9 @@ pub struct DedupeLimits {
 
 /// Most tuples in one write transaction, to bound commit latency.
 const MAX_GROUP_TUPLES: usize = 200_000;
-/// Most dedupe ids evicted per transaction; the rest go in the next ones.
-const MAX_EVICT_PER_TXN: usize = 100_000;
+/// Most dedupe ids evicted per transaction (rounded up to whole log
+/// entries); the rest go in the next ones.
+const MAX_EVICT_PER_TXN: u64 = 100_000;
 
 /// Sums changed since the pusher last looked, plus the position they reflect.
 #[derive(Default)]
@@ -116,6 +119,10 @@ pub struct Writer {
     pub last_applied_seq: u64,
     last_marker: u64,
     requests: u64,
+    /// The ids of the dedupe window (see [`crate::dedupe`]).
+    ids: IdSet,
+    /// Packed ids first seen by the transaction in progress.
+    new_ids: Vec<u8>,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -137,6 +144,7 @@ impl Writer {
             let txn = store.read_txn()?;
             store.last_applied_seq(&txn)?
         };
+        let ids = dedupe::load(&store)?;
         Ok(Writer {
             store,
             dedupe,
@@ -145,6 +153,8 @@ impl Writer {
             last_applied_seq,
             last_marker: 0,
             requests: 0,
+            ids,
+            new_ids: Vec::new(),
         })
     }
 
@@ -169,27 +179,40 @@ impl Writer {
         Ok(())
     }
 
-    /// Apply messages in one write transaction.
+    /// Apply messages in one write transaction. On an error nothing is
+    /// committed and the in-memory dedupe set is rebuilt from LMDB, so the
+    /// writer stays consistent with what is durable.
     pub fn apply_group(&mut self, group: &[Incoming]) -> Result<GroupStats, Error> {
+        let result = self.try_apply_group(group);
+        if result.is_err() {
+            self.ids = dedupe::load(&self.store)?;
+        }
+        result
+    }
+
+    fn try_apply_group(&mut self, group: &[Incoming]) -> Result<GroupStats, Error> {
         let Some(last) = group.last() else {
             return Ok(GroupStats::default());
         };
         let store = self.store.clone();
         let mut wtxn = store.write_txn()?;
         let mut stats = GroupStats::default();
-        let mut bucket_deltas: HashMap<(&str, u32), u64> = HashMap::new();
+        let mut bucket_deltas: FxHashMap<(&str, u32), u64> = FxHashMap::default();
         // Per limit: (micros, tuples).
-        let mut lifetime_deltas: HashMap<&str, (u64, u64)> = HashMap::new();
+        let mut lifetime_deltas: FxHashMap<&str, (u64, u64)> = FxHashMap::default();
         let mut markers: Vec<u64> = Vec::new();
         let mut source_ms: Option<i64> = None;
         let mut applied_through = self.last_applied_seq;
+        let mut first_applied = None;
         let mut clock_ms = 0u64;
+        self.new_ids.clear();
         for incoming in group {
             if incoming.seq <= applied_through {
                 stats.replayed_by_seq += incoming.tuples() as u64;
                 continue;
             }
             applied_through = incoming.seq;
+            first_applied.get_or_insert(incoming.seq);
             let stream_ms = u64::try_from(incoming.stream_ms).unwrap_or(0);
             clock_ms = clock_ms.max(stream_ms);
             match &incoming.message {
@@ -199,24 +222,11 @@ impl Writer {
                 } => {
                     source_ms = Some(source_ms.map_or(*s, |m: i64| m.min(*s)));
                     for tuple in tuples {
-                        let id = &tuple.msg_id.0;
-                        if store
-                            .dedupe
-                            .get(&wtxn, id)
-                            .map_err(store.err("get dedupe"))?
-                            .is_some()
-                        {
+                        if !self.ids.insert(dedupe::id_key(&tuple.msg_id.0)) {
                             stats.duplicates_by_id += 1;
                             continue;
                         }
-                        store
-                            .dedupe
-                            .put(&mut wtxn, id, &stream_ms)
-                            .map_err(store.err("put dedupe"))?;
-                        store
-                            .dedupe_by_time
-                            .put(&mut wtxn, &time_key(stream_ms, id), &())
-                            .map_err(store.err("put dedupe_by_time"))?;
+                        self.new_ids.extend_from_slice(&tuple.msg_id.0);
                         let overflow = || Error::Overflow {
                             limit: tuple.limit.clone(),
                             bucket: tuple.bucket,
@@ -245,9 +255,15 @@ impl Writer {
                 }
             }
         }
+        if let (Some(first), false) = (first_applied, self.new_ids.is_empty()) {
+            store
+                .dedupe_log
+                .put(&mut wtxn, &log_key(clock_ms, first), &self.new_ids)
+                .map_err(store.err("put dedupe log"))?;
+        }
         let mut changed = Vec::with_capacity(lifetime_deltas.len() + bucket_deltas.len());
-        let mut new_lifetimes: HashMap<&str, (u64, u64)> =
-            HashMap::with_capacity(lifetime_deltas.len());
+        let mut new_lifetimes: FxHashMap<&str, (u64, u64)> = FxHashMap::default();
+        new_lifetimes.reserve(lifetime_deltas.len());
         for (limit, (delta, tuples)) in &lifetime_deltas {
             let current = store
                 .lifetime
@@ -284,8 +300,9 @@ impl Writer {
                 lifetime_events: events,
             });
         }
+        let mut key = Vec::with_capacity(80);
         for ((limit, bucket), delta) in &bucket_deltas {
-            let key = sum_key(limit, *bucket);
+            sum_key_into(&mut key, limit, *bucket);
             let current = store.sums.get(&wtxn, &key).map_err(store.err("get sum"))?;
             let total =
                 current
@@ -338,24 +355,30 @@ impl Writer {
         Ok(stats)
     }
 
-    /// Drop ids older than the window (in stream time) or beyond the count
-    /// bound, oldest first.
-    fn evict(&self, wtxn: &mut RwTxn<'_>, clock_ms: u64) -> Result<u64, Error> {
-        let store = &self.store;
+    /// Drop the log entries older than the window (in stream time) or beyond
+    /// the count bound, oldest first, and their ids from the set. Whole
+    /// entries go, so the count bound may be undershot by one transaction's
+    /// ids.
+    fn evict(&mut self, wtxn: &mut RwTxn<'_>, clock_ms: u64) -> Result<u64, Error> {
+        let store = self.store.clone();
         let cutoff = clock_ms.saturating_sub(self.dedupe.window_ms);
-        let count = store.dedupe.len(wtxn).map_err(store.err("count dedupe"))?;
-        let excess = count.saturating_sub(self.dedupe.max_ids) as usize;
-        let mut doomed: Vec<[u8; 24]> = Vec::new();
+        let mut evicted = 0u64;
+        let mut doomed: Vec<[u8; 16]> = Vec::new();
         let mut oldest_kept: Option<u64> = None;
         for entry in store
-            .dedupe_by_time
+            .dedupe_log
             .iter(wtxn)
-            .map_err(store.err("iterate dedupe"))?
+            .map_err(store.err("iterate dedupe log"))?
         {
-            let (key, ()) = entry.map_err(store.err("iterate dedupe"))?;
-            let time = u64::from_be_bytes(key[..8].try_into().expect("24-byte key"));
-            if (time < cutoff || doomed.len() < excess) && doomed.len() < MAX_EVICT_PER_TXN {
-                doomed.push(key.try_into().expect("24-byte key"));
+            let (key, ids) = entry.map_err(store.err("iterate dedupe log"))?;
+            let time = log_key_time(key);
+            let over = self.ids.len() as u64 > self.dedupe.max_ids;
+            if (time < cutoff || over) && evicted < MAX_EVICT_PER_TXN {
+                for id in dedupe::packed_ids(ids) {
+                    self.ids.remove(&id);
+                }
+                evicted += (ids.len() / 16) as u64;
+                doomed.push(key.try_into().expect("16-byte key"));
             } else {
                 oldest_kept = Some(time);
                 break;
@@ -363,20 +386,16 @@ impl Writer {
         }
         for key in &doomed {
             store
-                .dedupe
-                .delete(wtxn, &key[8..])
-                .map_err(store.err("evict dedupe"))?;
-            store
-                .dedupe_by_time
+                .dedupe_log
                 .delete(wtxn, key.as_slice())
-                .map_err(store.err("evict dedupe"))?;
+                .map_err(store.err("evict dedupe log"))?;
         }
-        metrics::gauge!(DEDUPE_IDS).set((count - doomed.len() as u64) as f64);
+        metrics::gauge!(DEDUPE_IDS).set(self.ids.len() as f64);
         if let Some(oldest) = oldest_kept {
             metrics::gauge!(DEDUPE_WINDOW_SECONDS)
                 .set(clock_ms.saturating_sub(oldest) as f64 / 1000.0);
         }
-        Ok(doomed.len() as u64)
+        Ok(evicted)
     }
 }
 
@@ -513,6 +532,11 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, Error::Overflow { .. }), "{err}");
         assert_eq!(w.store.position().unwrap().1, 1);
+        // The failed group's id was not committed, so it is not a duplicate.
+        let stats = w
+            .apply_group(&[batch(2, 2, vec![tuple("a", 1, 0, "i2")])])
+            .unwrap();
+        assert_eq!((stats.applied, stats.duplicates_by_id), (1, 0));
     }
 
     #[test]
@@ -540,24 +564,25 @@ mod tests {
             )])
             .unwrap();
         assert_eq!((s.applied, s.duplicates_by_id), (1, 1));
-        // Count bound 3: adding i4 evicts the oldest (i1 or i2 at t=1000).
+        // Count bound 3: adding i4 (4 ids) evicts the oldest transaction's
+        // entry, i1 and i2 together.
         let s = w
             .apply_group(&[batch(3, 1060, vec![tuple("a", 1, 1, "i4")])])
             .unwrap();
-        assert_eq!(s.evicted, 1);
+        assert_eq!(s.evicted, 2);
         // At t=1200 everything before t=1100 is evicted (after that group's
-        // lookups), so a later i3 counts again.
+        // lookups): i3 and i4, so a later i3 counts again.
         let s = w
             .apply_group(&[batch(4, 1200, vec![tuple("a", 1, 1, "i5")])])
             .unwrap();
-        assert_eq!(s.evicted, 3);
+        assert_eq!(s.evicted, 2);
         let s = w
             .apply_group(&[batch(5, 1201, vec![tuple("a", 1, 1, "i3")])])
             .unwrap();
         assert_eq!((s.applied, s.duplicates_by_id), (1, 0));
-        let txn = w.store.read_txn().unwrap();
-        assert_eq!(w.store.dedupe.len(&txn).unwrap(), 2);
-        assert_eq!(w.store.dedupe_by_time.len(&txn).unwrap(), 2);
+        assert_eq!(w.ids.len(), 2);
+        // The set is exactly what the log holds.
+        assert_eq!(dedupe::load(&w.store).unwrap(), w.ids);
     }
 
     #[test]

@@ -15,6 +15,9 @@ pub enum Error {
         source: heed::Error,
     },
 
+    #[error("LMDB at {0} was written by an older adspend (one entry per dedupe id); this version keeps dedupe ids in a packed log. Move the directory aside (the aggregator then restores from the latest snapshot or replays the stream)")]
+    OldFormat(PathBuf),
+
     #[error("sum overflow: limit {limit} bucket {bucket} would exceed u64 micros")]
     Overflow { limit: String, bucket: u32 },
 

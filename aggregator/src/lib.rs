@@ -13,6 +13,7 @@ pub mod apply;
 pub mod checkpointer;
 pub mod config;
 pub mod consume;
+pub mod dedupe;
 pub mod error;
 pub mod push;
 pub mod restore;

@@ -3,9 +3,12 @@
 //! - `sums`: (limit, bucket) → micros of that period bucket
 //! - `lifetime`: limit → micros ever
 //! - `events`: limit → spend tuples ever applied
-//! - `dedupe`: message id → stream time (ms) the id was first seen
-//! - `dedupe_by_time`: (stream time, message id) → (), so the oldest ids are a
-//!   key prefix and eviction is a range delete
+//! - `dedupe_log`: (stream time ms, first sequence) → the 16-byte message ids
+//!   first seen by one write transaction, packed. Keys are time-ordered, so
+//!   the oldest ids are a key prefix and eviction deletes whole entries; an id
+//!   costs 16 bytes on disk plus its share of one key per transaction. The
+//!   writer keeps the ids of the window in memory for the lookups
+//!   ([`crate::dedupe`]) and rebuilds that set from this log when it opens.
 //! - `meta`: last applied sequence, lineage
 //!
 //! Integer keys are big-endian so byte order is numeric order. Methods take
@@ -14,7 +17,7 @@
 use std::path::{Path, PathBuf};
 
 use heed::byteorder::BigEndian;
-use heed::types::{Bytes, Str, Unit, U64};
+use heed::types::{Bytes, Str, U64};
 use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, RoTxn, RwTxn, WithoutTls};
 
 use crate::error::Error;
@@ -23,8 +26,10 @@ type Micros = U64<BigEndian>;
 
 const DB_SUMS: &str = "sums";
 const DB_LIFETIME: &str = "lifetime";
-const DB_DEDUPE: &str = "dedupe";
-const DB_DEDUPE_BY_TIME: &str = "dedupe_by_time";
+const DB_DEDUPE_LOG: &str = "dedupe_log";
+/// Databases of the first format (one LMDB entry per id in two trees, about
+/// 90 bytes per id); a data dir that has them is refused, not misread.
+const DB_FORMAT1_DEDUPE: &str = "dedupe_by_time";
 const DB_META: &str = "meta";
 const DB_EVENTS: &str = "events";
 const META_LAST_APPLIED_SEQ: &str = "last_applied_seq";
@@ -40,19 +45,18 @@ pub struct Store {
     pub lifetime: Database<'static, Str, Micros>,
     /// limit → spend tuples ever applied
     pub events: Database<'static, Str, Micros>,
-    pub dedupe: Database<'static, Bytes, Micros>,
-    pub dedupe_by_time: Database<'static, Bytes, Unit>,
+    pub dedupe_log: Database<'static, Bytes, Bytes>,
     meta: Database<'static, Str, Bytes>,
 }
 
 /// `[len u8][limit][bucket u32 BE]`: the length prefix keeps one limit's
 /// buckets together and apart from limits that share a prefix.
-pub fn sum_key(limit: &str, bucket: u32) -> Vec<u8> {
-    let mut key = Vec::with_capacity(1 + limit.len() + 4);
+/// Written into a reused buffer.
+pub fn sum_key_into(key: &mut Vec<u8>, limit: &str, bucket: u32) {
+    key.clear();
     key.push(limit.len() as u8);
     key.extend_from_slice(limit.as_bytes());
     key.extend_from_slice(&bucket.to_be_bytes());
-    key
 }
 
 pub fn parse_sum_key(key: &[u8]) -> Option<(&str, u32)> {
@@ -66,11 +70,20 @@ pub fn parse_sum_key(key: &[u8]) -> Option<(&str, u32)> {
     Some((limit, bucket))
 }
 
-pub fn time_key(time_ms: u64, id: &[u8; 16]) -> [u8; 24] {
-    let mut key = [0u8; 24];
+/// Key of one dedupe log entry: stream time, then the first sequence the
+/// transaction applied (unique, since sequences only grow).
+pub fn log_key(time_ms: u64, first_seq: u64) -> [u8; 16] {
+    let mut key = [0u8; 16];
     key[..8].copy_from_slice(&time_ms.to_be_bytes());
-    key[8..].copy_from_slice(id);
+    key[8..].copy_from_slice(&first_seq.to_be_bytes());
     key
+}
+
+/// The stream time of a dedupe log key.
+pub fn log_key_time(key: &[u8]) -> u64 {
+    key.get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_be_bytes)
 }
 
 impl Store {
@@ -86,27 +99,33 @@ impl Store {
         #[allow(unsafe_code)]
         let env = unsafe { options.open(path) }.map_err(Error::lmdb(path, "open"))?;
         let wtxn = env.write_txn().map_err(Error::lmdb(path, "begin"))?;
-        let (sums, lifetime, dedupe, dedupe_by_time, meta, events) = env
+        let opened = env
             .create_databases_and_commit(wtxn, |opener, wtxn| -> Result<_, heed::Error> {
-                Ok(CommitOrAbort::<_, ()>::Commit((
+                if opener
+                    .open_database::<Bytes, Bytes>(wtxn, Some(DB_FORMAT1_DEDUPE))?
+                    .is_some()
+                {
+                    return Ok(CommitOrAbort::Abort(()));
+                }
+                Ok(CommitOrAbort::Commit((
                     opener.create_database::<Bytes, Micros>(wtxn, Some(DB_SUMS))?,
                     opener.create_database::<Str, Micros>(wtxn, Some(DB_LIFETIME))?,
-                    opener.create_database::<Bytes, Micros>(wtxn, Some(DB_DEDUPE))?,
-                    opener.create_database::<Bytes, Unit>(wtxn, Some(DB_DEDUPE_BY_TIME))?,
+                    opener.create_database::<Bytes, Bytes>(wtxn, Some(DB_DEDUPE_LOG))?,
                     opener.create_database::<Str, Bytes>(wtxn, Some(DB_META))?,
                     opener.create_database::<Str, Micros>(wtxn, Some(DB_EVENTS))?,
                 )))
             })
-            .map_err(Error::lmdb(path, "create databases"))?
-            .unwrap_commit();
+            .map_err(Error::lmdb(path, "create databases"))?;
+        let CommitOrAbort::Commit((sums, lifetime, dedupe_log, meta, events)) = opened else {
+            return Err(Error::OldFormat(path.to_path_buf()));
+        };
         Ok(Store {
             env,
             path: path.to_path_buf(),
             sums,
             lifetime,
             events,
-            dedupe,
-            dedupe_by_time,
+            dedupe_log,
             meta,
         })
     }

@@ -4,6 +4,7 @@
 //! writes the ground truth the integration suite compares against; `check`
 //! compares the pacer's answers with that truth.
 
+pub mod bench;
 pub mod chaos;
 pub mod check;
 pub mod harness;

@@ -6,9 +6,9 @@
 
 mod catalog;
 pub mod cli;
-mod event;
+pub(crate) mod event;
 mod publish;
-mod truth;
+pub(crate) mod truth;
 
 use std::time::Duration;
 

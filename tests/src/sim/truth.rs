@@ -91,6 +91,11 @@ pub(crate) struct CatalogIndex {
 }
 
 impl CatalogIndex {
+    /// Limits an impression of ad number `ad` books to.
+    pub(crate) fn limits_of(&self, ad: u32) -> usize {
+        self.ad_limits[ad as usize].len()
+    }
+
     pub(crate) fn new(catalog: &Catalog) -> anyhow::Result<Self> {
         catalog.validate()?;
         let limit_ids: Vec<String> = catalog.limits.keys().cloned().collect();

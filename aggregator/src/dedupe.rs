@@ -1,0 +1,102 @@
+//! The dedupe window in memory: the message ids of the window, for lookups
+//! that never touch LMDB. LMDB holds the same ids in `dedupe_log` (the
+//! durable copy, inside every snapshot); this set is rebuilt from it when the
+//! writer opens the store, so it is only ever a cache of committed state plus
+//! the ids of the transaction in progress.
+//!
+//! Message ids are xxh3-128 digests, already uniformly distributed, so the
+//! set hashes an id by taking 64 of its bits instead of hashing it again.
+
+use std::collections::HashSet;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::time::Instant;
+
+use crate::error::Error;
+use crate::store::Store;
+
+/// Passes the low 64 bits of a `u128` id through as its hash.
+#[derive(Default)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u128` is used by `IdSet`; fold anything else.
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+
+    fn write_u128(&mut self, id: u128) {
+        self.0 = id as u64;
+    }
+}
+
+pub type IdSet = HashSet<u128, BuildHasherDefault<IdHasher>>;
+
+/// An id as the set keys it.
+pub fn id_key(id: &[u8; 16]) -> u128 {
+    u128::from_be_bytes(*id)
+}
+
+/// Iterates the packed ids of one log entry.
+pub fn packed_ids(value: &[u8]) -> impl Iterator<Item = u128> + '_ {
+    value
+        .chunks_exact(16)
+        .map(|chunk| u128::from_be_bytes(chunk.try_into().expect("16-byte chunk")))
+}
+
+/// Reads every id of `dedupe_log` into a new set.
+pub fn load(store: &Store) -> Result<IdSet, Error> {
+    let started = Instant::now();
+    let txn = store.read_txn()?;
+    let mut total = 0usize;
+    for entry in store
+        .dedupe_log
+        .iter(&txn)
+        .map_err(store.err("iterate dedupe log"))?
+    {
+        let (_, ids) = entry.map_err(store.err("iterate dedupe log"))?;
+        total += ids.len() / 16;
+    }
+    let mut set = IdSet::with_capacity_and_hasher(total, BuildHasherDefault::default());
+    for entry in store
+        .dedupe_log
+        .iter(&txn)
+        .map_err(store.err("iterate dedupe log"))?
+    {
+        let (_, ids) = entry.map_err(store.err("iterate dedupe log"))?;
+        set.extend(packed_ids(ids));
+    }
+    tracing::info!(
+        ids = set.len(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "dedupe window loaded"
+    );
+    Ok(set)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_through_the_packed_form() {
+        let a = [7u8; 16];
+        let mut b = [0u8; 16];
+        b[15] = 1;
+        let packed: Vec<u8> = [a, b].concat();
+        let ids: Vec<u128> = packed_ids(&packed).collect();
+        assert_eq!(ids, vec![id_key(&a), id_key(&b)]);
+        let mut set = IdSet::default();
+        assert!(set.insert(ids[0]));
+        assert!(set.insert(ids[1]));
+        assert!(!set.insert(id_key(&a)));
+        assert!(set.contains(&1));
+    }
+}

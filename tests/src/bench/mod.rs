@@ -1,0 +1,6 @@
+//! `adbench`: the benchmark suite. Every contender consumes the same
+//! generated events ([`workload`]); results are printed as they come and
+//! collected into one table ([`report`]).
+
+pub mod report;
+pub mod workload;
