@@ -24,7 +24,9 @@ use tokio::sync::{mpsc, watch};
 
 use crate::error::Error;
 use crate::dedupe::{self, IdSet};
-use crate::store::{log_key, log_key_time, sum_key_into, Store};
+use crate::store::{
+    lifetime_value, log_key, log_key_time, parse_lifetime, sum_key_into, Store,
+};
 
 /// A message read from `SPEND`.
 #[derive(Debug)]
@@ -158,6 +160,11 @@ impl Writer {
         })
     }
 
+    /// Message ids in the dedupe window.
+    pub fn dedupe_ids(&self) -> usize {
+        self.ids.len()
+    }
+
     /// Apply until the channel closes. Blocking: run on a dedicated thread.
     pub fn run(mut self, mut rx: mpsc::Receiver<Incoming>) -> Result<(), Error> {
         let mut group: Vec<Incoming> = Vec::with_capacity(64);
@@ -265,32 +272,20 @@ impl Writer {
         let mut new_lifetimes: FxHashMap<&str, (u64, u64)> = FxHashMap::default();
         new_lifetimes.reserve(lifetime_deltas.len());
         for (limit, (delta, tuples)) in &lifetime_deltas {
-            let current = store
+            let (current, events) = store
                 .lifetime
                 .get(&wtxn, limit)
-                .map_err(store.err("get lifetime"))?;
-            let total =
-                current
-                    .unwrap_or(0)
-                    .checked_add(*delta)
-                    .ok_or_else(|| Error::Overflow {
-                        limit: limit.to_string(),
-                        bucket: LIFETIME_BUCKET,
-                    })?;
+                .map_err(store.err("get lifetime"))?
+                .map_or((0, 0), parse_lifetime);
+            let total = current.checked_add(*delta).ok_or_else(|| Error::Overflow {
+                limit: limit.to_string(),
+                bucket: LIFETIME_BUCKET,
+            })?;
+            let events = events + tuples;
             store
                 .lifetime
-                .put(&mut wtxn, limit, &total)
+                .put(&mut wtxn, limit, &lifetime_value(total, events))
                 .map_err(store.err("put lifetime"))?;
-            let events = store
-                .events
-                .get(&wtxn, limit)
-                .map_err(store.err("get events"))?
-                .unwrap_or(0)
-                + tuples;
-            store
-                .events
-                .put(&mut wtxn, limit, &events)
-                .map_err(store.err("put events"))?;
             new_lifetimes.insert(limit, (total, events));
             changed.push(SumEntry {
                 limit: limit.to_string(),
@@ -452,7 +447,7 @@ mod tests {
             .lifetime
             .iter(&txn)
             .unwrap()
-            .map(|e| e.map(|(k, v)| (k.to_string(), v)).unwrap())
+            .map(|e| e.map(|(k, v)| (k.to_string(), parse_lifetime(v).0)).unwrap())
             .collect();
         let buckets = store
             .sums

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::apply::Dirty;
 use crate::error::Error;
-use crate::store::{parse_sum_key, Store};
+use crate::store::{parse_lifetime, parse_sum_key, Store};
 
 const ENTRIES_PER_PUSH: usize = 10_000;
 /// An empty push at least this often, so the pacer sees the watermark move.
@@ -168,12 +168,8 @@ pub fn read_full(store: &Store) -> Result<(Vec<SumEntry>, u64), Error> {
         .iter(&txn)
         .map_err(store.err("iterate lifetime"))?
     {
-        let (limit, total) = item.map_err(store.err("iterate lifetime"))?;
-        let events = store
-            .events
-            .get(&txn, limit)
-            .map_err(store.err("get events"))?
-            .unwrap_or(0);
+        let (limit, value) = item.map_err(store.err("iterate lifetime"))?;
+        let (total, events) = parse_lifetime(value);
         lifetimes.insert(limit.to_string(), (total, events));
         entries.push(SumEntry {
             limit: limit.to_string(),

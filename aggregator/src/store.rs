@@ -1,8 +1,7 @@
 //! The LMDB environment of one aggregator shard and its typed databases.
 //!
 //! - `sums`: (limit, bucket) → micros of that period bucket
-//! - `lifetime`: limit → micros ever
-//! - `events`: limit → spend tuples ever applied
+//! - `lifetime`: limit → (micros ever, spend tuples ever applied), 16 bytes
 //! - `dedupe_log`: (stream time ms, first sequence) → the 16-byte message ids
 //!   first seen by one write transaction, packed. Keys are time-ordered, so
 //!   the oldest ids are a key prefix and eviction deletes whole entries; an id
@@ -31,7 +30,6 @@ const DB_DEDUPE_LOG: &str = "dedupe_log";
 /// 90 bytes per id); a data dir that has them is refused, not misread.
 const DB_FORMAT1_DEDUPE: &str = "dedupe_by_time";
 const DB_META: &str = "meta";
-const DB_EVENTS: &str = "events";
 const META_LAST_APPLIED_SEQ: &str = "last_applied_seq";
 const META_LINEAGE: &str = "lineage";
 
@@ -42,9 +40,7 @@ pub struct Store {
     pub env: Env<WithoutTls>,
     path: PathBuf,
     pub sums: Database<'static, Bytes, Micros>,
-    pub lifetime: Database<'static, Str, Micros>,
-    /// limit → spend tuples ever applied
-    pub events: Database<'static, Str, Micros>,
+    pub lifetime: Database<'static, Str, Bytes>,
     pub dedupe_log: Database<'static, Bytes, Bytes>,
     meta: Database<'static, Str, Bytes>,
 }
@@ -68,6 +64,25 @@ pub fn parse_sum_key(key: &[u8]) -> Option<(&str, u32)> {
     let limit = std::str::from_utf8(&rest[..len]).ok()?;
     let bucket = u32::from_be_bytes(rest[len..].try_into().ok()?);
     Some((limit, bucket))
+}
+
+/// A `lifetime` value: micros and tuples, big-endian.
+pub fn lifetime_value(micros: u64, events: u64) -> [u8; 16] {
+    let mut value = [0u8; 16];
+    value[..8].copy_from_slice(&micros.to_be_bytes());
+    value[8..].copy_from_slice(&events.to_be_bytes());
+    value
+}
+
+/// (micros, tuples) of a `lifetime` value; a malformed one reads as zero.
+pub fn parse_lifetime(value: &[u8]) -> (u64, u64) {
+    let word = |range: std::ops::Range<usize>| {
+        value
+            .get(range)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u64::from_be_bytes)
+    };
+    (word(0..8), word(8..16))
 }
 
 /// Key of one dedupe log entry: stream time, then the first sequence the
@@ -109,14 +124,13 @@ impl Store {
                 }
                 Ok(CommitOrAbort::Commit((
                     opener.create_database::<Bytes, Micros>(wtxn, Some(DB_SUMS))?,
-                    opener.create_database::<Str, Micros>(wtxn, Some(DB_LIFETIME))?,
+                    opener.create_database::<Str, Bytes>(wtxn, Some(DB_LIFETIME))?,
                     opener.create_database::<Bytes, Bytes>(wtxn, Some(DB_DEDUPE_LOG))?,
                     opener.create_database::<Str, Bytes>(wtxn, Some(DB_META))?,
-                    opener.create_database::<Str, Micros>(wtxn, Some(DB_EVENTS))?,
                 )))
             })
             .map_err(Error::lmdb(path, "create databases"))?;
-        let CommitOrAbort::Commit((sums, lifetime, dedupe_log, meta, events)) = opened else {
+        let CommitOrAbort::Commit((sums, lifetime, dedupe_log, meta)) = opened else {
             return Err(Error::OldFormat(path.to_path_buf()));
         };
         Ok(Store {
@@ -124,7 +138,6 @@ impl Store {
             path: path.to_path_buf(),
             sums,
             lifetime,
-            events,
             dedupe_log,
             meta,
         })

@@ -35,6 +35,14 @@ pub const PACER_UPDATES_TOTAL: &str = "adspend_pacer_updates_total";
 pub const PACER_STALE_UPDATES_TOTAL: &str = "adspend_pacer_stale_updates_total";
 pub const PACER_RESYNCS_TOTAL: &str = "adspend_pacer_resyncs_total";
 pub const PACER_LAG_SECONDS: &str = "adspend_pacer_lag_seconds";
+/// Per push with new spend: from the JetStream publish of its earliest
+/// impression to the pacer holding the sums (a histogram).
+pub const PACER_FRESHNESS_SECONDS: &str = "adspend_pacer_freshness_seconds";
+/// Bucket bounds of [`PACER_FRESHNESS_SECONDS`].
+pub const FRESHNESS_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
+];
 pub const DECISIONS_TOTAL: &str = "adspend_decisions_total";
 
 static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
@@ -67,7 +75,13 @@ pub fn install_metrics(listen: SocketAddr) -> Result<PrometheusHandle, Error> {
     };
     // Bind first so a busy port is a clear error rather than a background panic.
     std::net::TcpListener::bind(listen).map_err(|e| bind_error(e.to_string()))?;
-    let builder = PrometheusBuilder::new().with_http_listener(listen);
+    let builder = PrometheusBuilder::new()
+        .with_http_listener(listen)
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(PACER_FRESHNESS_SECONDS.into()),
+            FRESHNESS_BUCKETS,
+        )
+        .map_err(|e| bind_error(e.to_string()))?;
     let (recorder, exporter) = builder.build().map_err(|e| bind_error(e.to_string()))?;
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).map_err(|e| bind_error(e.to_string()))?;

@@ -8,7 +8,7 @@ use adspend_common::catalog::Catalog;
 use adspend_common::codec::decode_sums;
 use adspend_common::nats::{SUMS_RESYNC_SUBJECT, SUMS_SUBJECT_PREFIX};
 use adspend_common::telemetry::{
-    PACER_LAG_SECONDS, PACER_RESYNCS_TOTAL, PACER_STALE_UPDATES_TOTAL, PACER_UPDATES_TOTAL,
+    PACER_FRESHNESS_SECONDS, PACER_LAG_SECONDS, PACER_RESYNCS_TOTAL, PACER_STALE_UPDATES_TOTAL, PACER_UPDATES_TOTAL,
 };
 use chrono::Offset;
 use futures::StreamExt;
@@ -83,6 +83,9 @@ pub async fn run(
                 };
                 metrics::counter!(PACER_UPDATES_TOTAL).increment(1);
                 metrics::gauge!(PACER_LAG_SECONDS).set((now - update.watermark_ms).max(0) as f64 / 1000.0);
+                if !update.full && !update.entries.is_empty() && update.source_ms > 0 {
+                    metrics::histogram!(PACER_FRESHNESS_SECONDS).record((now - update.source_ms).max(0) as f64 / 1000.0);
+                }
                 match applied {
                     Applied::Ok => {}
                     Applied::Stale => {

@@ -538,7 +538,8 @@ pub fn aggregator_totals(lmdb_dir: &std::path::Path) -> anyhow::Result<BTreeMap<
         let txn = store.read_txn()?;
         let mut totals = BTreeMap::new();
         for item in store.lifetime.iter(&txn)? {
-            let (limit, micros) = item?;
+            let (limit, value) = item?;
+            let (micros, _) = adspend_aggregator::store::parse_lifetime(value);
             totals.insert(limit.to_string(), micros);
         }
         totals

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::check::{compare, Comparison};
-use crate::harness::{free_port, wait_until, Etcd, NatsServer, S3Server, ServiceProcess};
+use crate::harness::{
+    free_port, wait_until, Etcd, NatsOptions, NatsServer, S3Server, ServiceProcess,
+};
 use crate::sim::{self, Catalog, CatalogSpec, SimConfig, Truth};
 use tokio_util::sync::CancellationToken;
 
@@ -38,7 +40,13 @@ pub struct Pipeline {
 
 impl Pipeline {
     pub async fn start(backends: Backends, ads: u32) -> Pipeline {
-        let nats = NatsServer::start().await;
+        let catalog = sim::generate_catalog(&CatalogSpec::for_ads(ads), 11).expect("catalog");
+        Pipeline::start_with(backends, NatsOptions::default(), catalog).await
+    }
+
+    /// [`Pipeline::start`] with a given NATS configuration and catalog.
+    pub async fn start_with(backends: Backends, nats: NatsOptions, catalog: Catalog) -> Pipeline {
+        let nats = NatsServer::start_with(nats).await;
         let etcd = if backends.etcd {
             Some(Etcd::start().await)
         } else {
@@ -52,7 +60,6 @@ impl Pipeline {
             None
         };
         let dir = tempfile::tempdir().expect("tempdir");
-        let catalog = sim::generate_catalog(&CatalogSpec::for_ads(ads), 11).expect("catalog");
         let catalog_path = dir.path().join("catalog.json");
         catalog.save(&catalog_path).expect("save catalog");
         if let Some(etcd) = &etcd {

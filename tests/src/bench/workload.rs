@@ -39,8 +39,15 @@ impl Workload {
     /// Generates the events with the simulator's generator; event times are
     /// "now" at generation, so every daily bucket is today's.
     pub fn generate(spec: &WorkloadSpec) -> anyhow::Result<Workload> {
-        anyhow::ensure!(spec.batch > 0, "batch must be at least 1");
         let catalog = generate_catalog(&CatalogSpec::for_ads(spec.ads), spec.seed)?;
+        Workload::generate_for(catalog, spec)
+    }
+
+    /// [`Workload::generate`] over a given catalog (`spec.ads` unused); the
+    /// seed also names the impressions, so workloads of different seeds
+    /// never share an impression id.
+    pub fn generate_for(catalog: Catalog, spec: &WorkloadSpec) -> anyhow::Result<Workload> {
+        anyhow::ensure!(spec.batch > 0, "batch must be at least 1");
         let index = Arc::new(CatalogIndex::new(&catalog)?);
         let run_id = format!("w{}", spec.seed);
         let mut generator = Generator::new(

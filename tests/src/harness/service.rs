@@ -59,6 +59,10 @@ fn binary_candidates(name: &str) -> Vec<PathBuf> {
     let mut candidates = Vec::new();
     if let Some(dir) = profile_dir {
         candidates.push(dir.join(name));
+    } else if let Some(dir) = current.as_deref().and_then(Path::parent) {
+        // A workspace binary (adchaos, adbench) sits beside the services
+        // built with the same profile and features.
+        candidates.push(dir.join(name));
     }
     if let Some(target) = env::var_os("CARGO_TARGET_DIR") {
         // Relative target directories are relative to where cargo ran,

@@ -63,6 +63,20 @@ pub struct Stats {
 }
 
 impl Truth {
+    /// Adds the spend of `other`, a truth over the same catalog whose
+    /// impressions are distinct from this one's.
+    pub fn absorb(&mut self, other: &Truth) {
+        for (limit, theirs) in &other.limits {
+            let ours = self.limits.entry(limit.clone()).or_default();
+            ours.lifetime_micros += theirs.lifetime_micros;
+            for (day, micros) in &theirs.daily {
+                *ours.daily.entry(day.clone()).or_default() += micros;
+            }
+        }
+        self.stats.unique_events += other.stats.unique_events;
+        self.stats.events_acked += other.stats.events_acked;
+    }
+
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let bytes =
             std::fs::read(path).with_context(|| format!("reading truth {}", path.display()))?;
