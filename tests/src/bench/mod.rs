@@ -2,5 +2,9 @@
 //! generated events ([`workload`]); results are printed as they come and
 //! collected into one table ([`report`]).
 
+pub mod peers;
+pub mod e2e;
+pub mod recovery;
 pub mod report;
+pub mod state;
 pub mod workload;

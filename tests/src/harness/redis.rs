@@ -144,10 +144,7 @@ impl RedisSpec {
                 .await
                 .ok()?;
             let dir = self.data_dir.to_string_lossy();
-            let expected = format!(
-                "*2\r\n$3\r\ndir\r\n${}\r\n{dir}\r\n",
-                dir.len()
-            );
+            let expected = format!("*2\r\n$3\r\ndir\r\n${}\r\n{dir}\r\n", dir.len());
             let mut reply = Vec::with_capacity(expected.len());
             let mut chunk = [0_u8; 512];
             while reply.len() < expected.len() {
