@@ -9,7 +9,6 @@
 //! sequence, commit. Then hand the changed sums to the pusher and marker
 //! positions to the checkpointer.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use adspend_common::telemetry::{
@@ -52,6 +51,35 @@ const MAX_GROUP_TUPLES: usize = 200_000;
 /// entries); the rest go in the next ones.
 const MAX_EVICT_PER_TXN: u64 = 100_000;
 
+/// One message's sums for one of its limits.
+#[derive(Clone, Copy)]
+struct LocalSum {
+    micros: u64,
+    tuples: u64,
+    /// The period bucket of `bucket_micros`; [`LIFETIME_BUCKET`] for none yet.
+    bucket: u32,
+    bucket_micros: u64,
+}
+
+impl Default for LocalSum {
+    fn default() -> Self {
+        LocalSum {
+            micros: 0,
+            tuples: 0,
+            bucket: LIFETIME_BUCKET,
+            bucket_micros: 0,
+        }
+    }
+}
+
+/// Checked addition of micros; an overflow names the sum.
+fn checked(a: u64, b: u64, limit: &str, bucket: u32) -> Result<u64, Error> {
+    a.checked_add(b).ok_or_else(|| Error::Overflow {
+        limit: limit.to_string(),
+        bucket,
+    })
+}
+
 /// Sums changed since the pusher last looked, plus the position they reflect.
 #[derive(Default)]
 pub struct Dirty {
@@ -60,7 +88,7 @@ pub struct Dirty {
 
 #[derive(Default)]
 pub struct DirtyState {
-    pub entries: HashMap<(String, u32), SumEntry>,
+    pub entries: FxHashMap<(String, u32), SumEntry>,
     pub seq: u64,
     pub watermark_ms: i64,
     /// Earliest source publish time among batches not yet pushed.
@@ -212,6 +240,7 @@ impl Writer {
         let mut applied_through = self.last_applied_seq;
         let mut first_applied = None;
         let mut clock_ms = 0u64;
+        let mut local: Vec<LocalSum> = Vec::new();
         self.new_ids.clear();
         for incoming in group {
             if incoming.seq <= applied_through {
@@ -223,34 +252,44 @@ impl Writer {
             let stream_ms = u64::try_from(incoming.stream_ms).unwrap_or(0);
             clock_ms = clock_ms.max(stream_ms);
             match &incoming.message {
-                SpendMessage::Batch {
-                    source_ms: s,
-                    tuples,
-                } => {
-                    source_ms = Some(source_ms.map_or(*s, |m: i64| m.min(*s)));
-                    for tuple in tuples {
+                SpendMessage::Batch(batch) => {
+                    source_ms = Some(source_ms.map_or(batch.source_ms, |m: i64| m.min(batch.source_ms)));
+                    // Sum per limit of the message first (by index, no
+                    // hashing), then once per limit into the group's sums.
+                    local.clear();
+                    local.resize(batch.limits.len(), LocalSum::default());
+                    for tuple in &batch.tuples {
                         if !self.ids.insert(dedupe::id_key(&tuple.msg_id.0)) {
                             stats.duplicates_by_id += 1;
                             continue;
                         }
                         self.new_ids.extend_from_slice(&tuple.msg_id.0);
-                        let overflow = || Error::Overflow {
-                            limit: tuple.limit.clone(),
-                            bucket: tuple.bucket,
-                        };
-                        let lifetime = lifetime_deltas.entry(tuple.limit.as_str()).or_default();
-                        lifetime.0 = lifetime
-                            .0
-                            .checked_add(tuple.cost_micros)
-                            .ok_or_else(overflow)?;
-                        lifetime.1 += 1;
-                        if tuple.bucket != LIFETIME_BUCKET {
-                            let bucket = bucket_deltas
-                                .entry((tuple.limit.as_str(), tuple.bucket))
-                                .or_default();
-                            *bucket = bucket.checked_add(tuple.cost_micros).ok_or_else(overflow)?;
+                        let limit = batch.limit_of(tuple);
+                        let sum = &mut local[tuple.limit as usize];
+                        sum.micros = checked(sum.micros, tuple.cost_micros, limit, LIFETIME_BUCKET)?;
+                        sum.tuples += 1;
+                        if tuple.bucket == LIFETIME_BUCKET {
+                        } else if sum.bucket == tuple.bucket || sum.bucket == LIFETIME_BUCKET {
+                            sum.bucket = tuple.bucket;
+                            sum.bucket_micros = checked(sum.bucket_micros, tuple.cost_micros, limit, tuple.bucket)?;
+                        } else {
+                            // A second bucket in one message (a late event).
+                            let delta = bucket_deltas.entry((limit, tuple.bucket)).or_default();
+                            *delta = checked(*delta, tuple.cost_micros, limit, tuple.bucket)?;
                         }
                         stats.applied += 1;
+                    }
+                    for (sum, limit) in local.iter().zip(&batch.limits) {
+                        if sum.tuples == 0 {
+                            continue;
+                        }
+                        let lifetime = lifetime_deltas.entry(limit.as_str()).or_default();
+                        lifetime.0 = checked(lifetime.0, sum.micros, limit, LIFETIME_BUCKET)?;
+                        lifetime.1 += sum.tuples;
+                        if sum.bucket != LIFETIME_BUCKET {
+                            let delta = bucket_deltas.entry((limit.as_str(), sum.bucket)).or_default();
+                            *delta = checked(*delta, sum.bucket_micros, limit, sum.bucket)?;
+                        }
                     }
                 }
                 SpendMessage::Marker(marker) => {
@@ -271,6 +310,12 @@ impl Writer {
         let mut changed = Vec::with_capacity(lifetime_deltas.len() + bucket_deltas.len());
         let mut new_lifetimes: FxHashMap<&str, (u64, u64)> = FxHashMap::default();
         new_lifetimes.reserve(lifetime_deltas.len());
+        // In key order: neighbouring keys share pages, so each lookup and
+        // write finds its path mostly in cache.
+        let mut lifetime_deltas: Vec<(&str, (u64, u64))> = lifetime_deltas.into_iter().collect();
+        lifetime_deltas.sort_unstable_by_key(|(limit, _)| *limit);
+        let mut bucket_deltas: Vec<((&str, u32), u64)> = bucket_deltas.into_iter().collect();
+        bucket_deltas.sort_unstable_by_key(|((limit, bucket), _)| (limit.len(), *limit, *bucket));
         for (limit, (delta, tuples)) in &lifetime_deltas {
             let (current, events) = store
                 .lifetime
@@ -397,7 +442,7 @@ impl Writer {
 impl Incoming {
     fn tuples(&self) -> usize {
         match &self.message {
-            SpendMessage::Batch { tuples, .. } => tuples.len().max(1),
+            SpendMessage::Batch(batch) => batch.tuples.len().max(1),
             SpendMessage::Marker(_) => 1,
         }
     }
@@ -406,26 +451,45 @@ impl Incoming {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use adspend_common::types::{CheckpointMarker, MsgId, SpendTuple};
+    use adspend_common::types::{CheckpointMarker, MsgId, SpendBatch, SpendTuple};
+    use std::collections::HashMap;
 
-    fn tuple(limit: &str, bucket: u32, cost: u64, imp: &str) -> SpendTuple {
-        SpendTuple {
-            limit: limit.into(),
-            bucket,
-            cost_micros: cost,
-            msg_id: MsgId::derive(limit, imp),
-        }
+    /// (limit, bucket, cost, impression id)
+    type T = (&'static str, u32, u64, &'static str);
+
+    fn tuple(limit: &'static str, bucket: u32, cost: u64, imp: &'static str) -> T {
+        (limit, bucket, cost, imp)
     }
 
-    fn batch(seq: u64, stream_ms: i64, tuples: Vec<SpendTuple>) -> Incoming {
+    fn batch(seq: u64, stream_ms: i64, tuples: Vec<T>) -> Incoming {
+        let mut limits: Vec<String> = Vec::new();
+        let tuples = tuples
+            .into_iter()
+            .map(|(limit, bucket, cost, imp)| {
+                let index = match limits.iter().position(|l| l == limit) {
+                    Some(i) => i,
+                    None => {
+                        limits.push(limit.to_string());
+                        limits.len() - 1
+                    }
+                };
+                SpendTuple {
+                    limit: index as u32,
+                    bucket,
+                    cost_micros: cost,
+                    msg_id: MsgId::derive(limit, imp),
+                }
+            })
+            .collect();
         Incoming {
             seq,
             stream_ms,
             pending: 1,
-            message: SpendMessage::Batch {
+            message: SpendMessage::Batch(SpendBatch {
                 source_ms: stream_ms,
+                limits,
                 tuples,
-            },
+            }),
         }
     }
 
@@ -514,6 +578,28 @@ mod tests {
             && e.bucket == 6
             && e.bucket_micros == 1
             && e.lifetime_micros == 18));
+    }
+
+    #[test]
+    fn a_message_with_several_buckets_of_one_limit_books_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut w, _rx) = writer(dir.path(), WIDE);
+        w.apply_group(&[batch(
+            1,
+            1,
+            vec![
+                tuple("a", 5, 10, "i1"),
+                tuple("a", 6, 3, "i2"),
+                tuple("a", 5, 1, "i3"),
+                tuple("a", 7, 2, "i4"),
+            ],
+        )])
+        .unwrap();
+        let (lifetime, buckets) = sums(&w.store);
+        assert_eq!(lifetime["a"], 16);
+        assert_eq!(buckets[&("a".to_string(), 5)], 11);
+        assert_eq!(buckets[&("a".to_string(), 6)], 3);
+        assert_eq!(buckets[&("a".to_string(), 7)], 2);
     }
 
     #[test]

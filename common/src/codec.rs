@@ -5,10 +5,11 @@
 use bincode::{Decode, Encode};
 
 use crate::error::Error;
-use crate::types::{SpendMessage, SumsUpdate};
+use crate::types::{SpendMessage, SpendMessageRef, SumsUpdate};
 
-/// Version byte of the current format.
-pub const FORMAT_V1: u8 = 1;
+/// Version byte of the current format. Version 1 carried each tuple's limit
+/// id inline; version 2 carries each batch's limit ids once.
+pub const FORMAT_V2: u8 = 2;
 
 fn config() -> impl bincode::config::Config {
     bincode::config::standard()
@@ -18,7 +19,7 @@ fn config() -> impl bincode::config::Config {
 }
 
 fn encode<T: Encode>(value: &T, out: &mut Vec<u8>) {
-    out.push(FORMAT_V1);
+    out.push(FORMAT_V2);
     // Writing into a Vec cannot fail, and our types have no fallible Encode.
     bincode::encode_into_std_write(value, out, config()).expect("encoding into a Vec");
 }
@@ -28,7 +29,7 @@ fn decode<T: Decode<()>>(what: &'static str, bytes: &[u8]) -> Result<T, Error> {
         what,
         reason: "empty message".into(),
     })?;
-    if version != FORMAT_V1 {
+    if version != FORMAT_V2 {
         return Err(Error::Decode {
             what,
             reason: format!("unknown format version {version}"),
@@ -53,8 +54,25 @@ pub fn encode_spend(message: &SpendMessage) -> Vec<u8> {
     out
 }
 
+/// [`encode_spend`] of borrowed parts, into `out` (cleared first).
+pub fn encode_spend_ref(message: &SpendMessageRef<'_>, out: &mut Vec<u8>) {
+    out.clear();
+    encode(message, out);
+}
+
+/// Decodes a message and checks that every tuple's limit index is in range.
 pub fn decode_spend(bytes: &[u8]) -> Result<SpendMessage, Error> {
-    decode("spend message", bytes)
+    let message: SpendMessage = decode("spend message", bytes)?;
+    if let SpendMessage::Batch(batch) = &message {
+        let limits = batch.limits.len();
+        if let Some(bad) = batch.tuples.iter().find(|t| t.limit as usize >= limits) {
+            return Err(Error::Decode {
+                what: "spend message",
+                reason: format!("tuple refers to limit #{} of {limits}", bad.limit),
+            });
+        }
+    }
+    Ok(message)
 }
 
 pub fn encode_sums(update: &SumsUpdate) -> Vec<u8> {
@@ -70,28 +88,40 @@ pub fn decode_sums(bytes: &[u8]) -> Result<SumsUpdate, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{CheckpointMarker, MsgId, SpendTuple, SumEntry};
+    use crate::types::{CheckpointMarker, MsgId, SpendBatch, SpendBatchRef, SpendTuple, SumEntry};
     use proptest::prelude::*;
 
-    fn tuple() -> impl Strategy<Value = SpendTuple> {
+    fn batch() -> impl Strategy<Value = SpendBatch> {
         (
-            "[a-z0-9-]{1,64}",
-            any::<u32>(),
-            any::<u64>(),
-            any::<[u8; 16]>(),
+            any::<i64>(),
+            prop::collection::vec("[a-z0-9-]{1,64}", 1..8),
+            prop::collection::vec(
+                (any::<u32>(), any::<u32>(), any::<u64>(), any::<[u8; 16]>()),
+                0..50,
+            ),
         )
-            .prop_map(|(limit, bucket, cost_micros, id)| SpendTuple {
-                limit,
-                bucket,
-                cost_micros,
-                msg_id: MsgId(id),
+            .prop_map(|(source_ms, limits, tuples)| {
+                let n = limits.len() as u32;
+                let tuples = tuples
+                    .into_iter()
+                    .map(|(limit, bucket, cost_micros, id)| SpendTuple {
+                        limit: limit % n,
+                        bucket,
+                        cost_micros,
+                        msg_id: MsgId(id),
+                    })
+                    .collect();
+                SpendBatch {
+                    source_ms,
+                    limits,
+                    tuples,
+                }
             })
     }
 
     fn spend_message() -> impl Strategy<Value = SpendMessage> {
         prop_oneof![
-            (any::<i64>(), prop::collection::vec(tuple(), 0..50))
-                .prop_map(|(source_ms, tuples)| SpendMessage::Batch { source_ms, tuples }),
+            batch().prop_map(SpendMessage::Batch),
             (any::<u64>(), any::<u32>(), any::<i64>()).prop_map(
                 |(marker_id, partition, emitted_ms)| {
                     SpendMessage::Marker(CheckpointMarker {
@@ -109,6 +139,21 @@ mod tests {
         fn spend_roundtrip(message in spend_message()) {
             let bytes = encode_spend(&message);
             prop_assert_eq!(decode_spend(&bytes).unwrap(), message);
+        }
+
+        #[test]
+        fn borrowed_batches_encode_to_the_same_bytes(batch in batch()) {
+            let limits: Vec<&str> = batch.limits.iter().map(String::as_str).collect();
+            let mut out = Vec::new();
+            encode_spend_ref(
+                &SpendMessageRef::Batch(SpendBatchRef {
+                    source_ms: batch.source_ms,
+                    limits: &limits,
+                    tuples: &batch.tuples,
+                }),
+                &mut out,
+            );
+            prop_assert_eq!(&out, &encode_spend(&SpendMessage::Batch(batch)));
         }
 
         #[test]
@@ -142,11 +187,28 @@ mod tests {
     }
 
     #[test]
-    fn unknown_version_is_rejected() {
-        let mut bytes = encode_spend(&SpendMessage::Batch {
+    fn a_limit_index_out_of_range_is_rejected() {
+        let bytes = encode_spend(&SpendMessage::Batch(SpendBatch {
             source_ms: 0,
+            limits: vec!["a".into()],
+            tuples: vec![SpendTuple {
+                limit: 1,
+                bucket: 0,
+                cost_micros: 1,
+                msg_id: MsgId([0; 16]),
+            }],
+        }));
+        let err = decode_spend(&bytes).unwrap_err().to_string();
+        assert!(err.contains("limit #1 of 1"), "{err}");
+    }
+
+    #[test]
+    fn unknown_version_is_rejected() {
+        let mut bytes = encode_spend(&SpendMessage::Batch(SpendBatch {
+            source_ms: 0,
+            limits: vec![],
             tuples: vec![],
-        });
+        }));
         bytes[0] = 9;
         let err = decode_spend(&bytes).unwrap_err().to_string();
         assert!(err.contains("unknown format version 9"), "{err}");

@@ -25,24 +25,64 @@ impl MsgId {
     /// Deterministic across runs, versions and machines: xxh3-128 has a fixed
     /// specification and no random seed.
     pub fn derive(limit_id: &str, impression_id: &str) -> Self {
+        // One-shot over a stack buffer (ids are at most 64 bytes); the
+        // streaming hasher gives the same digest for longer input.
+        let (limit, impression) = (limit_id.as_bytes(), impression_id.as_bytes());
+        let len = 4 + limit.len() + impression.len();
+        if len <= 4 + 2 * MAX_ID_LEN {
+            let mut buf = [0u8; 4 + 2 * MAX_ID_LEN];
+            buf[..4].copy_from_slice(&(limit.len() as u32).to_be_bytes());
+            buf[4..4 + limit.len()].copy_from_slice(limit);
+            buf[4 + limit.len()..len].copy_from_slice(impression);
+            return MsgId(xxhash_rust::xxh3::xxh3_128(&buf[..len]).to_be_bytes());
+        }
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-        hasher.update(&(limit_id.len() as u32).to_be_bytes());
-        hasher.update(limit_id.as_bytes());
-        hasher.update(impression_id.as_bytes());
+        hasher.update(&(limit.len() as u32).to_be_bytes());
+        hasher.update(limit);
+        hasher.update(impression);
         MsgId(hasher.digest128().to_be_bytes())
     }
 }
 
-/// One unit of spend against one limit.
-#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+/// One unit of spend against one limit of its batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct SpendTuple {
-    pub limit: String,
+    /// Index into the batch's `limits`.
+    pub limit: u32,
     /// Period bucket the spend is booked to: for daily limits the local date
     /// (days since 1970-01-01) of the event in the limit's time zone, else
     /// [`LIFETIME_BUCKET`].
     pub bucket: u32,
     pub cost_micros: Micros,
     pub msg_id: MsgId,
+}
+
+/// Spend tuples of one partition. Each distinct limit id is carried once
+/// and the tuples refer to it by index, so neither side allocates per tuple
+/// and a message is about half the size it would be with the ids inline.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct SpendBatch {
+    /// Earliest JetStream publish time (unix ms) of the impressions in this
+    /// batch, for freshness measurements.
+    pub source_ms: i64,
+    pub limits: Vec<String>,
+    pub tuples: Vec<SpendTuple>,
+}
+
+impl SpendBatch {
+    /// The limit id of `tuple` (the codec has checked the index).
+    pub fn limit_of(&self, tuple: &SpendTuple) -> &str {
+        &self.limits[tuple.limit as usize]
+    }
+}
+
+/// [`SpendBatch`] borrowed, for encoding without copying; encodes to the
+/// same bytes.
+#[derive(Debug, Encode)]
+pub struct SpendBatchRef<'a> {
+    pub source_ms: i64,
+    pub limits: &'a [&'a str],
+    pub tuples: &'a [SpendTuple],
 }
 
 /// Injected by the limiter into every partition each checkpoint interval.
@@ -57,13 +97,15 @@ pub struct CheckpointMarker {
 /// The payload of one message on `spend.<partition>`.
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub enum SpendMessage {
-    Batch {
-        /// Earliest JetStream publish time (unix ms) of the impressions in
-        /// this batch, for freshness measurements.
-        source_ms: i64,
-        tuples: Vec<SpendTuple>,
-    },
+    Batch(SpendBatch),
     Marker(CheckpointMarker),
+}
+
+/// [`SpendMessage`] borrowed, for encoding; same variants, same bytes.
+#[derive(Debug, Encode)]
+pub enum SpendMessageRef<'a> {
+    Batch(SpendBatchRef<'a>),
+    Marker(&'a CheckpointMarker),
 }
 
 /// The current value of one (limit, bucket) sum, pushed to the pacer.
@@ -117,5 +159,17 @@ mod tests {
         assert_ne!(a, MsgId::derive("campaign-1", "imp-2"));
         // The length prefix keeps ("ab","c") and ("a","bc") apart.
         assert_ne!(MsgId::derive("ab", "c"), MsgId::derive("a", "bc"));
+        // Ids over the contract's length take the streaming path; both
+        // paths hash the same bytes.
+        let long = "x".repeat(100);
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        hasher.update(&100u32.to_be_bytes());
+        hasher.update(long.as_bytes());
+        hasher.update(b"imp");
+        assert_eq!(MsgId::derive(&long, "imp").0, hasher.digest128().to_be_bytes());
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        hasher.update(&10u32.to_be_bytes());
+        hasher.update(b"campaign-1imp-1");
+        assert_eq!(a.0, hasher.digest128().to_be_bytes());
     }
 }

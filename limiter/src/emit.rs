@@ -2,8 +2,12 @@
 //! dead letters. Pure (no I/O), so that what the limiter emits for a given
 //! input and catalog is decided here and tested here.
 
+use std::sync::Arc;
+
 use adspend_common::catalog::Catalog;
-use adspend_common::types::{MsgId, SpendTuple};
+use adspend_common::codec::encode_spend_ref;
+use adspend_common::types::{MsgId, SpendBatchRef, SpendMessageRef, SpendTuple};
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use crate::validate::{parse_line, Reason};
@@ -33,10 +37,76 @@ impl DeadLetter {
     }
 }
 
+/// The spend of one partition: tuples whose `limit` indexes `limits`.
+#[derive(Default, Debug)]
+pub struct PartitionOut {
+    pub limits: Vec<Arc<str>>,
+    /// Catalog limit id (by address: one catalog serves a whole chunk, and
+    /// `limits` keeps every id alive) → index in `limits`.
+    index: FxHashMap<usize, u32>,
+    pub tuples: Vec<SpendTuple>,
+}
+
+impl PartitionOut {
+    fn limit_index(&mut self, id: &Arc<str>) -> u32 {
+        let next = self.limits.len() as u32;
+        let index = *self
+            .index
+            .entry(Arc::as_ptr(id).cast::<u8>() as usize)
+            .or_insert(next);
+        if index == next {
+            self.limits.push(id.clone());
+        }
+        index
+    }
+
+    pub fn limit_of(&self, tuple: &SpendTuple) -> &str {
+        &self.limits[tuple.limit as usize]
+    }
+
+    /// Encoded `SPEND` messages of at most `per_message` tuples each; each
+    /// carries only the limit ids its tuples use.
+    pub fn encode(&self, per_message: usize, source_ms: i64) -> Vec<Vec<u8>> {
+        let mut local = vec![u32::MAX; self.limits.len()];
+        let mut names: Vec<&str> = Vec::new();
+        let mut tuples: Vec<SpendTuple> = Vec::with_capacity(per_message.min(self.tuples.len()));
+        let mut messages = Vec::new();
+        for chunk in self.tuples.chunks(per_message.max(1)) {
+            names.clear();
+            tuples.clear();
+            for tuple in chunk {
+                let global = tuple.limit as usize;
+                if local[global] == u32::MAX {
+                    local[global] = names.len() as u32;
+                    names.push(&self.limits[global]);
+                }
+                tuples.push(SpendTuple {
+                    limit: local[global],
+                    ..*tuple
+                });
+            }
+            let mut payload = Vec::with_capacity(64 + tuples.len() * 32 + names.len() * 24);
+            encode_spend_ref(
+                &SpendMessageRef::Batch(SpendBatchRef {
+                    source_ms,
+                    limits: &names,
+                    tuples: &tuples,
+                }),
+                &mut payload,
+            );
+            messages.push(payload);
+            for tuple in chunk {
+                local[tuple.limit as usize] = u32::MAX;
+            }
+        }
+        messages
+    }
+}
+
 #[derive(Default)]
 pub struct Output {
     /// Indexed by partition.
-    pub partitions: Vec<Vec<SpendTuple>>,
+    pub partitions: Vec<PartitionOut>,
     pub dead_letters: Vec<DeadLetter>,
     pub impressions: u64,
     pub rejected: Vec<(Reason, u64)>,
@@ -49,13 +119,13 @@ pub fn partition_of(limit: &str, partitions: u32) -> u32 {
 impl Output {
     pub fn new(partitions: u32) -> Self {
         Output {
-            partitions: (0..partitions).map(|_| Vec::new()).collect(),
+            partitions: (0..partitions).map(|_| PartitionOut::default()).collect(),
             ..Default::default()
         }
     }
 
     pub fn tuples(&self) -> usize {
-        self.partitions.iter().map(Vec::len).sum()
+        self.partitions.iter().map(|p| p.tuples.len()).sum()
     }
 
     fn count_rejection(&mut self, reason: Reason) {
@@ -78,14 +148,15 @@ impl Output {
                     Some(limits) => {
                         self.impressions += 1;
                         for limit in limits {
+                            let out =
+                                &mut self.partitions[partition_of(&limit.id, partitions) as usize];
                             let tuple = SpendTuple {
-                                limit: limit.id.to_string(),
+                                limit: out.limit_index(&limit.id),
                                 bucket: limit.bucket_of(impression.ts_ms),
                                 cost_micros: impression.cost_micros,
                                 msg_id: MsgId::derive(&limit.id, &impression.id),
                             };
-                            self.partitions[partition_of(&limit.id, partitions) as usize]
-                                .push(tuple);
+                            out.tuples.push(tuple);
                         }
                         continue;
                     }
@@ -146,11 +217,15 @@ mod tests {
             .collect();
         assert_eq!(reasons, vec![("invalid_json", 1), ("unknown_ad", 3)]);
         assert_eq!(out.dead_letters[0].msg_id(), "9-1");
-        let all: Vec<&SpendTuple> = out.partitions.iter().flatten().collect();
-        let s = all.iter().find(|t| t.limit == "s").unwrap();
+        let all: Vec<(&str, &SpendTuple)> = out
+            .partitions
+            .iter()
+            .flat_map(|p| p.tuples.iter().map(move |t| (p.limit_of(t), t)))
+            .collect();
+        let (_, s) = all.iter().find(|(l, _)| *l == "s").unwrap();
         assert_eq!(s.bucket, adspend_common::types::LIFETIME_BUCKET);
         assert_eq!(s.msg_id, MsgId::derive("s", "i1"));
-        let c = all.iter().find(|t| t.limit == "c").unwrap();
+        let (_, c) = all.iter().find(|(l, _)| *l == "c").unwrap();
         assert_eq!(
             adspend_common::catalog::bucket_date(c.bucket)
                 .unwrap()
@@ -166,6 +241,9 @@ mod tests {
             },
             &catalog(),
         );
-        assert_eq!(again.partitions, out.partitions);
+        let encoded = |o: &Output| -> Vec<Vec<Vec<u8>>> {
+            o.partitions.iter().map(|p| p.encode(1, 5)).collect()
+        };
+        assert_eq!(encoded(&again), encoded(&out));
     }
 }

@@ -194,12 +194,8 @@ impl Limiter {
     /// dropped downstream).
     async fn publish_output(&self, out: &Output, source_ms: i64) -> Publish {
         let mut messages: Vec<(String, HeaderMap, Bytes)> = Vec::new();
-        for (partition, tuples) in out.partitions.iter().enumerate() {
-            for part in tuples.chunks(self.tuples_per_message) {
-                let payload = encode_spend(&SpendMessage::Batch {
-                    source_ms,
-                    tuples: part.to_vec(),
-                });
+        for (partition, spend) in out.partitions.iter().enumerate() {
+            for payload in spend.encode(self.tuples_per_message, source_ms) {
                 messages.push((
                     spend_subject(partition as u32),
                     HeaderMap::new(),

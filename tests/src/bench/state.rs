@@ -14,7 +14,7 @@ use adspend_aggregator::checkpointer::Checkpointer;
 use adspend_aggregator::store::Store;
 use adspend_common::checkpoint::CheckpointStore;
 use adspend_common::snapshot_store::SnapshotStore;
-use adspend_common::types::{MsgId, SpendMessage, SpendTuple};
+use adspend_common::types::{MsgId, SpendBatch, SpendMessage, SpendTuple};
 use anyhow::Context as _;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -78,11 +78,17 @@ impl Feed {
     /// them go to lifetime limits, the rest to today's bucket.
     pub fn message(&mut self, tuples: usize) -> Incoming {
         let mut batch = Vec::with_capacity(tuples);
+        let mut names: Vec<String> = Vec::new();
+        let mut local: rustc_hash::FxHashMap<usize, u32> = Default::default();
         for _ in 0..tuples {
             let limit = self.limit();
             self.next_id += 1;
+            let index = *local.entry(limit).or_insert_with(|| {
+                names.push(self.limits[limit].clone());
+                names.len() as u32 - 1
+            });
             batch.push(SpendTuple {
-                limit: self.limits[limit].clone(),
+                limit: index,
                 bucket: if limit % 5 == 0 {
                     adspend_common::types::LIFETIME_BUCKET
                 } else {
@@ -99,10 +105,11 @@ impl Feed {
             seq,
             stream_ms: self.stream_ms,
             pending: 1,
-            message: SpendMessage::Batch {
+            message: SpendMessage::Batch(SpendBatch {
                 source_ms: self.stream_ms,
+                limits: names,
                 tuples: batch,
-            },
+            }),
         }
     }
 
