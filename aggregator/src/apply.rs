@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, watch};
 use crate::error::Error;
 use crate::dedupe::{self, IdSet};
 use crate::store::{
-    lifetime_value, log_key, log_key_time, parse_lifetime, sum_key_into, Store,
+    lifetime_value, log_key, log_key_time, parse_lifetime, sum_key, Store,
 };
 
 /// A message read from `SPEND`.
@@ -310,60 +310,53 @@ impl Writer {
         let mut changed = Vec::with_capacity(lifetime_deltas.len() + bucket_deltas.len());
         let mut new_lifetimes: FxHashMap<&str, (u64, u64)> = FxHashMap::default();
         new_lifetimes.reserve(lifetime_deltas.len());
-        // In key order: neighbouring keys share pages, so each lookup and
-        // write finds its path mostly in cache.
+        // In key order, as `update_sorted` wants.
         let mut lifetime_deltas: Vec<(&str, (u64, u64))> = lifetime_deltas.into_iter().collect();
         lifetime_deltas.sort_unstable_by_key(|(limit, _)| *limit);
-        let mut bucket_deltas: Vec<((&str, u32), u64)> = bucket_deltas.into_iter().collect();
-        bucket_deltas.sort_unstable_by_key(|((limit, bucket), _)| (limit.len(), *limit, *bucket));
-        for (limit, (delta, tuples)) in &lifetime_deltas {
-            let (current, events) = store
-                .lifetime
-                .get(&wtxn, limit)
-                .map_err(store.err("get lifetime"))?
-                .map_or((0, 0), parse_lifetime);
-            let total = current.checked_add(*delta).ok_or_else(|| Error::Overflow {
-                limit: limit.to_string(),
-                bucket: LIFETIME_BUCKET,
-            })?;
-            let events = events + tuples;
-            store
-                .lifetime
-                .put(&mut wtxn, limit, &lifetime_value(total, events))
-                .map_err(store.err("put lifetime"))?;
-            new_lifetimes.insert(limit, (total, events));
-            changed.push(SumEntry {
-                limit: limit.to_string(),
-                bucket: LIFETIME_BUCKET,
-                bucket_micros: total,
-                lifetime_micros: total,
-                lifetime_events: events,
-            });
-        }
-        let mut key = Vec::with_capacity(80);
-        for ((limit, bucket), delta) in &bucket_deltas {
-            sum_key_into(&mut key, limit, *bucket);
-            let current = store.sums.get(&wtxn, &key).map_err(store.err("get sum"))?;
-            let total =
-                current
-                    .unwrap_or(0)
-                    .checked_add(*delta)
-                    .ok_or_else(|| Error::Overflow {
-                        limit: limit.to_string(),
-                        bucket: *bucket,
-                    })?;
-            store
-                .sums
-                .put(&mut wtxn, &key, &total)
-                .map_err(store.err("put sum"))?;
-            changed.push(SumEntry {
-                limit: limit.to_string(),
-                bucket: *bucket,
-                bucket_micros: total,
-                lifetime_micros: new_lifetimes[limit].0,
-                lifetime_events: new_lifetimes[limit].1,
-            });
-        }
+        store.update_sorted(
+            &mut wtxn,
+            store.lifetime.remap_types(),
+            &lifetime_deltas,
+            |current, limit, (delta, tuples)| {
+                let (micros, events) = current.map_or((0, 0), parse_lifetime);
+                let total = checked(micros, *delta, limit, LIFETIME_BUCKET)?;
+                let events = events + tuples;
+                new_lifetimes.insert(limit, (total, events));
+                changed.push(SumEntry {
+                    limit: limit.to_string(),
+                    bucket: LIFETIME_BUCKET,
+                    bucket_micros: total,
+                    lifetime_micros: total,
+                    lifetime_events: events,
+                });
+                Ok(lifetime_value(total, events))
+            },
+        )?;
+        let mut bucket_deltas: Vec<(Vec<u8>, (&str, u32, u64))> = bucket_deltas
+            .into_iter()
+            .map(|((limit, bucket), delta)| (sum_key(limit, bucket), (limit, bucket, delta)))
+            .collect();
+        bucket_deltas.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        store.update_sorted(
+            &mut wtxn,
+            store.sums.remap_types(),
+            &bucket_deltas,
+            |current, _, (limit, bucket, delta)| {
+                let micros = current
+                    .and_then(|v| v.try_into().ok())
+                    .map_or(0, u64::from_be_bytes);
+                let total = checked(micros, *delta, limit, *bucket)?;
+                let (lifetime_micros, lifetime_events) = new_lifetimes[limit];
+                changed.push(SumEntry {
+                    limit: limit.to_string(),
+                    bucket: *bucket,
+                    bucket_micros: total,
+                    lifetime_micros,
+                    lifetime_events,
+                });
+                Ok(total.to_be_bytes())
+            },
+        )?;
         if clock_ms > 0 {
             stats.evicted = self.evict(&mut wtxn, clock_ms)?;
         }

@@ -49,6 +49,10 @@ struct Args {
     state_limits: usize,
     #[arg(long, default_value_t = 10_000_000)]
     state_ids: u64,
+    /// Skip the apply case over 1,000,000 uniform limits (for profiling the
+    /// Zipf case alone).
+    #[arg(long)]
+    apply_skip_uniform: bool,
     /// Where to write the results table (markdown).
     #[arg(long, default_value = "target/bench/results.md")]
     out: PathBuf,
@@ -120,6 +124,9 @@ fn apply(args: &Args, table: &mut Table) -> anyhow::Result<()> {
     ];
     let mut bytes_per_id = Samples::default();
     for (name, limits, skew, targeted) in cases {
+        if args.apply_skip_uniform && !targeted {
+            continue;
+        }
         let mut rates = Samples::default();
         for run in 0..args.runs {
             let dir = scratch(args, "apply")?;
