@@ -2,6 +2,11 @@ use adspend_aggregator::{run, Config};
 use adspend_common::{shutdown, telemetry};
 use clap::Parser;
 
+/// mimalloc keeps large freed blocks for reuse; the system allocator
+/// returned them to the kernel and paid for zeroed pages on every batch.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let config = Config::parse();

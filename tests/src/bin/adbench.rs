@@ -67,6 +67,11 @@ fn samples(values: impl IntoIterator<Item = f64>) -> Samples {
     }
 }
 
+/// mimalloc keeps large freed blocks for reuse; the system allocator
+/// returned them to the kernel and paid for zeroed pages on every batch.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     adspend_common::telemetry::init_tracing();
@@ -232,6 +237,10 @@ async fn end_to_end(args: &Args, table: &mut Table) -> anyhow::Result<()> {
                 number(result.events_per_sec)
             );
             rates.push(result.events_per_sec);
+            drop(p);
+            // A fresh pipeline, so the state (and each checkpoint's size) is
+            // what the half-rate run builds, not what the full-rate run left.
+            let p = e2e::start(catalog.clone(), durable, Backends::default()).await?;
             let half = result.events_per_sec / 2.0;
             let fresh = e2e::freshness(&p, half, Duration::from_secs(30), args.batch, 200 + run as u64).await?;
             println!(

@@ -20,6 +20,11 @@ enum Cli {
     Run(Box<cli::RunArgs>),
 }
 
+/// mimalloc keeps large freed blocks for reuse; the system allocator
+/// returned them to the kernel and paid for zeroed pages on every batch.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
