@@ -37,7 +37,66 @@ impl Hasher for IdHasher {
     }
 }
 
-pub type IdSet = HashSet<u128, BuildHasherDefault<IdHasher>>;
+type Shard = HashSet<u128, BuildHasherDefault<IdHasher>>;
+
+/// Shards of the set, by the id's top byte.
+const SHARDS: usize = 256;
+
+/// The ids of the window, in 256 hash sets. A hash set doubles its table
+/// when it fills, rehashing every entry at once: at tens of millions of ids
+/// one set would stall the writer for a second or more; a shard rehashes a
+/// 256th of that.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdSet {
+    shards: Vec<Shard>,
+    len: usize,
+}
+
+impl Default for IdSet {
+    fn default() -> Self {
+        IdSet::with_capacity(0)
+    }
+}
+
+impl IdSet {
+    pub fn with_capacity(ids: usize) -> Self {
+        IdSet {
+            shards: (0..SHARDS)
+                .map(|_| Shard::with_capacity_and_hasher(ids / SHARDS, BuildHasherDefault::default()))
+                .collect(),
+            len: 0,
+        }
+    }
+
+    fn shard(id: u128) -> usize {
+        (id >> 120) as usize
+    }
+
+    /// Adds `id`; false if it was already there.
+    pub fn insert(&mut self, id: u128) -> bool {
+        let added = self.shards[Self::shard(id)].insert(id);
+        self.len += usize::from(added);
+        added
+    }
+
+    pub fn remove(&mut self, id: &u128) -> bool {
+        let removed = self.shards[Self::shard(*id)].remove(id);
+        self.len -= usize::from(removed);
+        removed
+    }
+
+    pub fn contains(&self, id: &u128) -> bool {
+        self.shards[Self::shard(*id)].contains(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
 
 /// An id as the set keys it.
 pub fn id_key(id: &[u8; 16]) -> u128 {
@@ -64,14 +123,16 @@ pub fn load(store: &Store) -> Result<IdSet, Error> {
         let (_, ids) = entry.map_err(store.err("iterate dedupe log"))?;
         total += ids.len() / 16;
     }
-    let mut set = IdSet::with_capacity_and_hasher(total, BuildHasherDefault::default());
+    let mut set = IdSet::with_capacity(total);
     for entry in store
         .dedupe_log
         .iter(&txn)
         .map_err(store.err("iterate dedupe log"))?
     {
         let (_, ids) = entry.map_err(store.err("iterate dedupe log"))?;
-        set.extend(packed_ids(ids));
+        for id in packed_ids(ids) {
+            set.insert(id);
+        }
     }
     tracing::info!(
         ids = set.len(),
@@ -98,5 +159,9 @@ mod tests {
         assert!(set.insert(ids[1]));
         assert!(!set.insert(id_key(&a)));
         assert!(set.contains(&1));
+        assert_eq!(set.len(), 2);
+        assert!(set.remove(&1));
+        assert!(!set.remove(&1));
+        assert_eq!(set.len(), 1);
     }
 }
