@@ -24,7 +24,11 @@ pub struct Recovery {
 /// Events published while the aggregator is down, per kill.
 const WHILE_DOWN: u64 = 20_000;
 
+/// Most ads whose catalog fits etcd's default 2 MiB request limit.
+pub const MAX_ADS: u32 = 10_000;
+
 pub async fn run(ads: u32, events: u64, batch: usize, runs: usize) -> anyhow::Result<Recovery> {
+    let ads = ads.min(MAX_ADS);
     let catalog = generate_catalog(&CatalogSpec::for_ads(ads), 5)?;
     let spec = |events, seed| WorkloadSpec {
         ads,
@@ -84,6 +88,12 @@ pub async fn run(ads: u32, events: u64, batch: usize, runs: usize) -> anyhow::Re
         let (c, _) = wait_for_match(&p.pacer_url(), &truth, Duration::from_secs(300)).await?;
         let secs = started.elapsed().as_secs_f64();
         anyhow::ensure!(c.mismatches().is_empty(), "after restart {step} the pacer differs from the truth:\n{}", c.render(10));
+        let expected = if cold { "cold" } else { "warm" };
+        let log = p.aggregator.as_ref().expect("aggregator").log_tail(400);
+        anyhow::ensure!(
+            log.lines().any(|l| l.contains("aggregator running") && l.contains(expected)),
+            "the restarted aggregator did not report a {expected} start:\n{log}"
+        );
         println!(
             "bench:   recovery {}: {secs:.2}s ({} MB snapshot, {} ids)",
             if cold { "cold" } else { "warm" },

@@ -41,6 +41,10 @@ struct Args {
     /// Events of the workload every contender of the peer section consumes.
     #[arg(long, default_value_t = 1_000_000)]
     peer_events: u64,
+    /// Events published before the first kill of the recovery section (about
+    /// 3.3 dedupe ids each).
+    #[arg(long, default_value_t = 3_000_000)]
+    recovery_events: u64,
     /// Ads in the generated catalogs of the pipeline runs.
     #[arg(long, default_value_t = 20_000)]
     ads: u32,
@@ -333,9 +337,10 @@ async fn side_by_side(args: &Args, table: &mut Table) -> anyhow::Result<()> {
 }
 
 async fn recover(args: &Args, table: &mut Table) -> anyhow::Result<()> {
-    let result = recovery::run(args.ads, args.peer_events, args.batch, args.runs).await?;
+    let result = recovery::run(args.ads, args.recovery_events, args.batch, args.runs).await?;
     let note = format!(
-        "SIGKILL → pacer exact; {} MB snapshot, {} dedupe ids, etcd + S3 (moto)",
+        "SIGKILL → pacer exact; {} ads; {} MB snapshot, {} dedupe ids, etcd + S3 (moto)",
+        args.ads.min(recovery::MAX_ADS),
         number(result.snapshot_bytes as f64 / 1e6),
         number(result.dedupe_ids as f64)
     );
