@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # Installs what adspend needs on a fresh Debian machine, idempotently.
 #   scripts/install-deps.sh run    -> build + demo dependencies (protoc, nats-server)
-#   scripts/install-deps.sh test   -> also etcd, an S3-compatible server (moto), chromium (dashboard test)
-#   scripts/install-deps.sh bench  -> test dependencies plus redis-server (the Redis-Lua peer)
+#   scripts/install-deps.sh test   -> also etcd, an S3-compatible server (moto), redis-server (the
+#                                     benchmark's Redis-Lua peer, whose tests run too), chromium (dashboard test)
+#   scripts/install-deps.sh bench  -> the same as test
 # Python tools go into .tools/venv inside the repository; Debian packages via apt.
 set -euo pipefail
 mode=${1:-run}
+case "$mode" in run | test | bench) ;; *) echo "install-deps: unknown mode $mode (run, test or bench)" >&2; exit 2 ;; esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 tools="$root/.tools"
 mkdir -p "$tools/bin"
 
 need_apt=()
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
-if [ "$mode" = bench ]; then
+if [ "$mode" != run ]; then
   command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 fi
-case "$mode" in run | test | bench) ;; *) echo "install-deps: unknown mode $mode (run, test or bench)" >&2; exit 2 ;; esac
 if [ "$mode" != run ]; then
   command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || need_apt+=(etcd-server)
   [ -x /usr/bin/chromium ] || need_apt+=(chromium)
@@ -44,7 +45,7 @@ if [ "$mode" != run ]; then
   ln -sf "$tools/venv/bin/moto_server" "$tools/bin/moto_server"
   ln -sf "$(command -v etcd || echo /usr/bin/etcd)" "$tools/bin/etcd"
 fi
-if [ "$mode" = bench ]; then
+if [ "$mode" != run ]; then
   ln -sf "$(command -v redis-server || echo /usr/bin/redis-server)" "$tools/bin/redis-server"
 fi
 echo "install-deps: ok ($mode): $("$tools/bin/nats-server" --version)"

@@ -21,11 +21,9 @@ use heed::RwTxn;
 use rustc_hash::FxHashMap;
 use tokio::sync::{mpsc, watch};
 
-use crate::error::Error;
 use crate::dedupe::{self, IdSet};
-use crate::store::{
-    lifetime_value, log_key, log_key_time, parse_lifetime, sum_key, Store,
-};
+use crate::error::Error;
+use crate::store::{lifetime_value, log_key, log_key_time, parse_lifetime, sum_key, Store};
 
 /// A message read from `SPEND`.
 #[derive(Debug)]
@@ -50,6 +48,9 @@ const MAX_GROUP_TUPLES: usize = 200_000;
 /// Most dedupe ids evicted per transaction (rounded up to whole log
 /// entries); the rest go in the next ones.
 const MAX_EVICT_PER_TXN: u64 = 100_000;
+
+/// (limit, bucket, micros to add) of one period bucket.
+type BucketDelta<'a> = (&'a str, u32, u64);
 
 /// One message's sums for one of its limits.
 #[derive(Clone, Copy)]
@@ -253,7 +254,8 @@ impl Writer {
             clock_ms = clock_ms.max(stream_ms);
             match &incoming.message {
                 SpendMessage::Batch(batch) => {
-                    source_ms = Some(source_ms.map_or(batch.source_ms, |m: i64| m.min(batch.source_ms)));
+                    source_ms =
+                        Some(source_ms.map_or(batch.source_ms, |m: i64| m.min(batch.source_ms)));
                     // Sum per limit of the message first (by index, no
                     // hashing), then once per limit into the group's sums.
                     local.clear();
@@ -266,12 +268,14 @@ impl Writer {
                         self.new_ids.extend_from_slice(&tuple.msg_id.0);
                         let limit = batch.limit_of(tuple);
                         let sum = &mut local[tuple.limit as usize];
-                        sum.micros = checked(sum.micros, tuple.cost_micros, limit, LIFETIME_BUCKET)?;
+                        sum.micros =
+                            checked(sum.micros, tuple.cost_micros, limit, LIFETIME_BUCKET)?;
                         sum.tuples += 1;
                         if tuple.bucket == LIFETIME_BUCKET {
                         } else if sum.bucket == tuple.bucket || sum.bucket == LIFETIME_BUCKET {
                             sum.bucket = tuple.bucket;
-                            sum.bucket_micros = checked(sum.bucket_micros, tuple.cost_micros, limit, tuple.bucket)?;
+                            sum.bucket_micros =
+                                checked(sum.bucket_micros, tuple.cost_micros, limit, tuple.bucket)?;
                         } else {
                             // A second bucket in one message (a late event).
                             let delta = bucket_deltas.entry((limit, tuple.bucket)).or_default();
@@ -287,7 +291,9 @@ impl Writer {
                         lifetime.0 = checked(lifetime.0, sum.micros, limit, LIFETIME_BUCKET)?;
                         lifetime.1 += sum.tuples;
                         if sum.bucket != LIFETIME_BUCKET {
-                            let delta = bucket_deltas.entry((limit.as_str(), sum.bucket)).or_default();
+                            let delta = bucket_deltas
+                                .entry((limit.as_str(), sum.bucket))
+                                .or_default();
                             *delta = checked(*delta, sum.bucket_micros, limit, sum.bucket)?;
                         }
                     }
@@ -332,7 +338,7 @@ impl Writer {
                 Ok(lifetime_value(total, events))
             },
         )?;
-        let mut bucket_deltas: Vec<(Vec<u8>, (&str, u32, u64))> = bucket_deltas
+        let mut bucket_deltas: Vec<(Vec<u8>, BucketDelta)> = bucket_deltas
             .into_iter()
             .map(|((limit, bucket), delta)| (sum_key(limit, bucket), (limit, bucket, delta)))
             .collect();
@@ -504,7 +510,10 @@ mod tests {
             .lifetime
             .iter(&txn)
             .unwrap()
-            .map(|e| e.map(|(k, v)| (k.to_string(), parse_lifetime(v).0)).unwrap())
+            .map(|e| {
+                e.map(|(k, v)| (k.to_string(), parse_lifetime(v).0))
+                    .unwrap()
+            })
             .collect();
         let buckets = store
             .sums

@@ -28,7 +28,8 @@ impl Hasher for IdHasher {
         for chunk in bytes.chunks(8) {
             let mut word = [0u8; 8];
             word[..chunk.len()].copy_from_slice(chunk);
-            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(word))
+                .wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
         }
     }
 
@@ -62,7 +63,9 @@ impl IdSet {
     pub fn with_capacity(ids: usize) -> Self {
         IdSet {
             shards: (0..SHARDS)
-                .map(|_| Shard::with_capacity_and_hasher(ids / SHARDS, BuildHasherDefault::default()))
+                .map(|_| {
+                    Shard::with_capacity_and_hasher(ids / SHARDS, BuildHasherDefault::default())
+                })
                 .collect(),
             len: 0,
         }

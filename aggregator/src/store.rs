@@ -293,8 +293,12 @@ mod tests {
             model.insert(key(i), 1);
         }
         // 3 updates of 200 keys: lookups; 150: the walk.
-        for picks in [vec![1u32, 4, 999], (0..300).step_by(2).map(|i| i + i % 3).collect()] {
-            let mut updates: Vec<(Vec<u8>, u64)> = picks.iter().map(|&i| (key(i), u64::from(i) + 1)).collect();
+        for picks in [
+            vec![1u32, 4, 999],
+            (0..300).step_by(2).map(|i| i + i % 3).collect(),
+        ] {
+            let mut updates: Vec<(Vec<u8>, u64)> =
+                picks.iter().map(|&i| (key(i), u64::from(i) + 1)).collect();
             updates.sort();
             updates.dedup_by(|a, b| a.0 == b.0);
             store

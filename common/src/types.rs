@@ -166,7 +166,10 @@ mod tests {
         hasher.update(&100u32.to_be_bytes());
         hasher.update(long.as_bytes());
         hasher.update(b"imp");
-        assert_eq!(MsgId::derive(&long, "imp").0, hasher.digest128().to_be_bytes());
+        assert_eq!(
+            MsgId::derive(&long, "imp").0,
+            hasher.digest128().to_be_bytes()
+        );
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         hasher.update(&10u32.to_be_bytes());
         hasher.update(b"campaign-1imp-1");

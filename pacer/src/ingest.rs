@@ -8,7 +8,8 @@ use adspend_common::catalog::Catalog;
 use adspend_common::codec::decode_sums;
 use adspend_common::nats::{SUMS_RESYNC_SUBJECT, SUMS_SUBJECT_PREFIX};
 use adspend_common::telemetry::{
-    PACER_FRESHNESS_SECONDS, PACER_LAG_SECONDS, PACER_RESYNCS_TOTAL, PACER_STALE_UPDATES_TOTAL, PACER_UPDATES_TOTAL,
+    PACER_FRESHNESS_SECONDS, PACER_LAG_SECONDS, PACER_RESYNCS_TOTAL, PACER_STALE_UPDATES_TOTAL,
+    PACER_UPDATES_TOTAL,
 };
 use chrono::Offset;
 use futures::StreamExt;

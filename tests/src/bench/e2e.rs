@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use async_nats::jetstream;
-use bytes::Bytes;
-use futures::stream::FuturesUnordered;
 use async_nats::jetstream::context::PublishError;
 use async_nats::jetstream::publish::PublishAck;
+use bytes::Bytes;
 use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use futures::{FutureExt as _, StreamExt};
 use std::future::IntoFuture as _;
 use tokio_util::sync::CancellationToken;
@@ -43,11 +43,19 @@ pub struct Ports {
 
 /// A pipeline with all three services running. `durable` chooses NATS's
 /// `sync_interval: always` (fsync per message) over its default.
-pub async fn start(catalog: Catalog, durable: bool, backends: Backends) -> anyhow::Result<Pipeline> {
+pub async fn start(
+    catalog: Catalog,
+    durable: bool,
+    backends: Backends,
+) -> anyhow::Result<Pipeline> {
     Ok(start_with_ports(catalog, durable, backends).await?.0)
 }
 
-pub async fn start_with_ports(catalog: Catalog, durable: bool, backends: Backends) -> anyhow::Result<(Pipeline, Ports)> {
+pub async fn start_with_ports(
+    catalog: Catalog,
+    durable: bool,
+    backends: Backends,
+) -> anyhow::Result<(Pipeline, Ports)> {
     let options = NatsOptions {
         lazy_sync: !durable,
         ..NatsOptions::default()
@@ -82,7 +90,11 @@ pub async fn publish_all(
     let mut acked = 0u64;
     for payload in messages {
         while pending.len() >= in_flight {
-            pending.next().await.expect("not empty").context("publish ack")?;
+            pending
+                .next()
+                .await
+                .expect("not empty")
+                .context("publish ack")?;
             acked += 1;
         }
         let ack = js
@@ -132,13 +144,24 @@ async fn settle(p: &Pipeline, truth: &Truth, events: u64, started: Instant) -> a
 pub async fn workload(p: &Pipeline, workload: &super::workload::Workload) -> anyhow::Result<Run> {
     let client = p.client().await;
     let started = Instant::now();
-    publish_all(&client, "impressions.bench", workload.messages.iter().cloned(), 256).await?;
+    publish_all(
+        &client,
+        "impressions.bench",
+        workload.messages.iter().cloned(),
+        256,
+    )
+    .await?;
     settle(p, &workload.truth, workload.events, started).await
 }
 
 /// The simulator at full speed for `duration`, `batch` events per message,
 /// 5% duplicates; then until the pacer has caught up.
-pub async fn sustained(p: &Pipeline, duration: Duration, batch: usize, seed: u64) -> anyhow::Result<Run> {
+pub async fn sustained(
+    p: &Pipeline,
+    duration: Duration,
+    batch: usize,
+    seed: u64,
+) -> anyhow::Result<Run> {
     let client = p.client().await;
     let config = SimConfig {
         subject: "impressions.bench".into(),
@@ -153,16 +176,26 @@ pub async fn sustained(p: &Pipeline, duration: Duration, batch: usize, seed: u64
         ..SimConfig::default()
     };
     let started = Instant::now();
-    let truth = sim::run_with_progress(&client, &config, &p.catalog, CancellationToken::new(), |progress| {
-        println!(
-            "bench:   {:>4.0}s {} events sent, {} events/s",
-            progress.elapsed.as_secs_f64(),
-            progress.events_sent,
-            progress.recent_rate.round()
-        );
-    })
+    let truth = sim::run_with_progress(
+        &client,
+        &config,
+        &p.catalog,
+        CancellationToken::new(),
+        |progress| {
+            println!(
+                "bench:   {:>4.0}s {} events sent, {} events/s",
+                progress.elapsed.as_secs_f64(),
+                progress.events_sent,
+                progress.recent_rate.round()
+            );
+        },
+    )
     .await?;
-    anyhow::ensure!(truth.stats.messages_failed == 0, "{} publishes failed", truth.stats.messages_failed);
+    anyhow::ensure!(
+        truth.stats.messages_failed == 0,
+        "{} publishes failed",
+        truth.stats.messages_failed
+    );
     settle(p, &truth, truth.stats.events_acked, started).await
 }
 
@@ -176,7 +209,13 @@ pub struct Freshness {
     pub events_per_sec: f64,
 }
 
-pub async fn freshness(p: &Pipeline, rate: f64, duration: Duration, batch: usize, seed: u64) -> anyhow::Result<Freshness> {
+pub async fn freshness(
+    p: &Pipeline,
+    rate: f64,
+    duration: Duration,
+    batch: usize,
+    seed: u64,
+) -> anyhow::Result<Freshness> {
     let client = p.client().await;
     let http = reqwest::Client::new();
     let metrics_url = format!("{}/metrics", p.pacer_url());
@@ -197,7 +236,9 @@ pub async fn freshness(p: &Pipeline, rate: f64, duration: Duration, batch: usize
     let run = {
         let client = client.clone();
         let catalog = p.catalog.clone();
-        tokio::spawn(async move { sim::run(&client, &config, &catalog, CancellationToken::new()).await })
+        tokio::spawn(
+            async move { sim::run(&client, &config, &catalog, CancellationToken::new()).await },
+        )
     };
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before = scrape_histogram(&http, &metrics_url).await?;
@@ -208,7 +249,12 @@ pub async fn freshness(p: &Pipeline, rate: f64, duration: Duration, batch: usize
     let _ = measured;
     let delta: Vec<(f64, u64)> = after
         .iter()
-        .map(|(le, n)| (*le, n - before.iter().find(|(b, _)| b == le).map_or(0, |(_, m)| *m)))
+        .map(|(le, n)| {
+            (
+                *le,
+                n - before.iter().find(|(b, _)| b == le).map_or(0, |(_, m)| *m),
+            )
+        })
         .collect();
     Ok(Freshness {
         p50_ms: quantile(&delta, 0.50) * 1000.0,
@@ -221,12 +267,23 @@ pub async fn freshness(p: &Pipeline, rate: f64, duration: Duration, batch: usize
 /// Cumulative buckets `(le, count)` of the pacer's freshness histogram.
 async fn scrape_histogram(http: &reqwest::Client, url: &str) -> anyhow::Result<Vec<(f64, u64)>> {
     let body = http.get(url).send().await?.text().await?;
-    let prefix = format!("{}_bucket{{le=\"", adspend_common::telemetry::PACER_FRESHNESS_SECONDS);
+    let prefix = format!(
+        "{}_bucket{{le=\"",
+        adspend_common::telemetry::PACER_FRESHNESS_SECONDS
+    );
     let mut buckets = Vec::new();
     for line in body.lines() {
-        let Some(rest) = line.strip_prefix(&prefix) else { continue };
-        let Some((le, count)) = rest.split_once("\"}") else { continue };
-        let le = if le == "+Inf" { f64::INFINITY } else { le.parse()? };
+        let Some(rest) = line.strip_prefix(&prefix) else {
+            continue;
+        };
+        let Some((le, count)) = rest.split_once("\"}") else {
+            continue;
+        };
+        let le = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse()?
+        };
         buckets.push((le, count.trim().parse::<f64>()? as u64));
     }
     Ok(buckets)
@@ -235,7 +292,9 @@ async fn scrape_histogram(http: &reqwest::Client, url: &str) -> anyhow::Result<V
 /// The `q` quantile of cumulative buckets, interpolated linearly inside the
 /// bucket it falls in (Prometheus's `histogram_quantile`).
 pub fn quantile(buckets: &[(f64, u64)], q: f64) -> f64 {
-    let Some(&(_, total)) = buckets.last() else { return f64::NAN };
+    let Some(&(_, total)) = buckets.last() else {
+        return f64::NAN;
+    };
     if total == 0 {
         return f64::NAN;
     }
@@ -247,7 +306,11 @@ pub fn quantile(buckets: &[(f64, u64)], q: f64) -> f64 {
                 return lower.0;
             }
             let inside = (count - lower.1) as f64;
-            let share = if inside == 0.0 { 1.0 } else { (rank - lower.1 as f64) / inside };
+            let share = if inside == 0.0 {
+                1.0
+            } else {
+                (rank - lower.1 as f64) / inside
+            };
             return lower.0 + (le - lower.0) * share;
         }
         lower = (le, count);

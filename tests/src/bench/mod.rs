@@ -2,8 +2,8 @@
 //! generated events ([`workload`]); results are printed as they come and
 //! collected into one table ([`report`]).
 
-pub mod peers;
 pub mod e2e;
+pub mod peers;
 pub mod recovery;
 pub mod report;
 pub mod state;

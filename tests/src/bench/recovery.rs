@@ -38,12 +38,29 @@ pub async fn run(ads: u32, events: u64, batch: usize, runs: usize) -> anyhow::Re
         seed,
     };
     let base = Workload::generate_for(catalog.clone(), &spec(events, 1))?;
-    let (p, ports) = e2e::start_with_ports(catalog.clone(), true, Backends { etcd: true, s3: true }).await?;
+    let (p, ports) = e2e::start_with_ports(
+        catalog.clone(),
+        true,
+        Backends {
+            etcd: true,
+            s3: true,
+        },
+    )
+    .await?;
     let client = p.client().await;
-    e2e::publish_all(&client, "impressions.bench", base.messages.iter().cloned(), 256).await?;
+    e2e::publish_all(
+        &client,
+        "impressions.bench",
+        base.messages.iter().cloned(),
+        256,
+    )
+    .await?;
     let mut truth = base.truth.clone();
     let (c, _) = wait_for_match(&p.pacer_url(), &truth, Duration::from_secs(600)).await?;
-    anyhow::ensure!(c.mismatches().is_empty(), "the pipeline did not reach the truth before the first kill");
+    anyhow::ensure!(
+        c.mismatches().is_empty(),
+        "the pipeline did not reach the truth before the first kill"
+    );
 
     let mut result = Recovery {
         warm_secs: Vec::new(),
@@ -60,10 +77,17 @@ pub async fn run(ads: u32, events: u64, batch: usize, runs: usize) -> anyhow::Re
         // restarts replay the same stretch (what was published while down).
         let checkpoints = |port| try_metric(port, "adspend_checkpoints_total{outcome=\"ok\"}");
         let before = checkpoints(metrics_port).await?;
-        crate::harness::wait_until_ok(Duration::from_secs(60), Duration::from_millis(200), || async {
-            anyhow::ensure!(checkpoints(metrics_port).await? > before, "no new checkpoint yet");
-            Ok(())
-        })
+        crate::harness::wait_until_ok(
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || async {
+                anyhow::ensure!(
+                    checkpoints(metrics_port).await? > before,
+                    "no new checkpoint yet"
+                );
+                Ok(())
+            },
+        )
         .await
         .context("waiting for a checkpoint")?;
         result.snapshot_bytes = try_metric(metrics_port, "adspend_snapshot_bytes").await? as u64;
@@ -76,7 +100,13 @@ pub async fn run(ads: u32, events: u64, batch: usize, runs: usize) -> anyhow::Re
             std::fs::remove_dir_all(&lmdb).with_context(|| format!("wiping {}", lmdb.display()))?;
         }
         let extra = Workload::generate_for(catalog.clone(), &spec(WHILE_DOWN, 100 + step as u64))?;
-        e2e::publish_all(&client, "impressions.bench", extra.messages.iter().cloned(), 256).await?;
+        e2e::publish_all(
+            &client,
+            "impressions.bench",
+            extra.messages.iter().cloned(),
+            256,
+        )
+        .await?;
         truth.absorb(&extra.truth);
         // The pacer holds the old sums; wait until the limiter has emitted
         // the new spend, so the clock starts with work queued for the aggregator.
@@ -87,11 +117,16 @@ pub async fn run(ads: u32, events: u64, batch: usize, runs: usize) -> anyhow::Re
         aggregator.restart();
         let (c, _) = wait_for_match(&p.pacer_url(), &truth, Duration::from_secs(300)).await?;
         let secs = started.elapsed().as_secs_f64();
-        anyhow::ensure!(c.mismatches().is_empty(), "after restart {step} the pacer differs from the truth:\n{}", c.render(10));
+        anyhow::ensure!(
+            c.mismatches().is_empty(),
+            "after restart {step} the pacer differs from the truth:\n{}",
+            c.render(10)
+        );
         let expected = if cold { "cold" } else { "warm" };
         let log = p.aggregator.as_ref().expect("aggregator").log_tail(400);
         anyhow::ensure!(
-            log.lines().any(|l| l.contains("aggregator running") && l.contains(expected)),
+            log.lines()
+                .any(|l| l.contains("aggregator running") && l.contains(expected)),
             "the restarted aggregator did not report a {expected} start:\n{log}"
         );
         println!(

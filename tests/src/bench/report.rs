@@ -71,13 +71,27 @@ pub struct Target {
 }
 
 impl Table {
-    pub fn add(&mut self, measure: impl Into<String>, unit: &str, samples: Samples, target: Option<Target>, note: impl Into<String>) {
+    pub fn add(
+        &mut self,
+        measure: impl Into<String>,
+        unit: &str,
+        samples: Samples,
+        target: Option<Target>,
+        note: impl Into<String>,
+    ) {
         let (target, verdict) = match target {
             None => (String::new(), Verdict::Info),
             Some(t) => {
                 let median = samples.median();
-                let met = if t.higher { median >= t.bound } else { median <= t.bound };
-                (t.text.to_owned(), if met { Verdict::Met } else { Verdict::Missed })
+                let met = if t.higher {
+                    median >= t.bound
+                } else {
+                    median <= t.bound
+                };
+                (
+                    t.text.to_owned(),
+                    if met { Verdict::Met } else { Verdict::Missed },
+                )
             }
         };
         let row = Row {
@@ -133,7 +147,7 @@ pub fn number(value: f64) -> String {
         let digits = rounded.unsigned_abs().to_string();
         let mut out = String::new();
         for (i, c) in digits.chars().enumerate() {
-            if i > 0 && (digits.len() - i) % 3 == 0 {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
                 out.push(',');
             }
             out.push(c);
@@ -155,9 +169,13 @@ mod tests {
 
     #[test]
     fn median_of_odd_and_even_counts() {
-        let s = Samples { values: vec![3.0, 1.0, 2.0] };
+        let s = Samples {
+            values: vec![3.0, 1.0, 2.0],
+        };
         assert_eq!((s.min(), s.median(), s.max()), (1.0, 2.0, 3.0));
-        let s = Samples { values: vec![4.0, 1.0, 2.0, 3.0] };
+        let s = Samples {
+            values: vec![4.0, 1.0, 2.0, 3.0],
+        };
         assert_eq!(s.median(), 2.5);
     }
 
@@ -173,9 +191,31 @@ mod tests {
     #[test]
     fn verdict_follows_the_median_and_direction() {
         let mut table = Table::default();
-        let s = Samples { values: vec![1.0, 5.0, 9.0] };
-        table.add("a", "x", s.clone(), Some(Target { text: ">= 4", bound: 4.0, higher: true }), "");
-        table.add("b", "x", s, Some(Target { text: "<= 4", bound: 4.0, higher: false }), "");
+        let s = Samples {
+            values: vec![1.0, 5.0, 9.0],
+        };
+        table.add(
+            "a",
+            "x",
+            s.clone(),
+            Some(Target {
+                text: ">= 4",
+                bound: 4.0,
+                higher: true,
+            }),
+            "",
+        );
+        table.add(
+            "b",
+            "x",
+            s,
+            Some(Target {
+                text: "<= 4",
+                bound: 4.0,
+                higher: false,
+            }),
+            "",
+        );
         assert_eq!(table.rows[0].verdict, Verdict::Met);
         assert_eq!(table.rows[1].verdict, Verdict::Missed);
         assert!(table.markdown().contains("**no**"));

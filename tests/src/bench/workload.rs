@@ -7,7 +7,9 @@ use bytes::{Bytes, BytesMut};
 
 use crate::sim::event::{Batch, Generator, GeneratorConfig};
 use crate::sim::truth::CatalogIndex;
-use crate::sim::{generate_catalog, Catalog, CatalogSpec, CostDistribution, EventTime, Stats, Truth, TruthBuilder};
+use crate::sim::{
+    generate_catalog, Catalog, CatalogSpec, CostDistribution, EventTime, Stats, Truth, TruthBuilder,
+};
 
 #[derive(Debug, Clone)]
 pub struct WorkloadSpec {
@@ -55,7 +57,10 @@ impl Workload {
             GeneratorConfig {
                 seed: spec.seed,
                 zipf_exponent: 1.0,
-                cost: CostDistribution::Uniform { min: 100, max: 5_000_000 },
+                cost: CostDistribution::Uniform {
+                    min: 100,
+                    max: 5_000_000,
+                },
                 duplicate_rate: spec.duplicate_rate,
                 bad_rate: 0.0,
                 bad_kinds: Vec::new(),

@@ -27,7 +27,11 @@ enum Section {
 #[command(name = "adbench", version)]
 struct Args {
     /// Sections to run, comma-separated (default: all, in this order).
-    #[arg(long, value_delimiter = ',', default_value = "apply,checkpoint,e2e,peers,recovery")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "apply,checkpoint,e2e,peers,recovery"
+    )]
     sections: Vec<Section>,
     /// Runs of each measurement, for min/median/max.
     #[arg(long, default_value_t = 3)]
@@ -128,8 +132,18 @@ fn scratch(args: &Args, name: &str) -> anyhow::Result<tempfile::TempDir> {
 
 fn apply(args: &Args, table: &mut Table) -> anyhow::Result<()> {
     let cases = [
-        ("100,000 limits, Zipf 1.0", 100_000, state::Skew::Zipf(1.0), true),
-        ("1,000,000 limits, uniform", 1_000_000, state::Skew::Uniform, false),
+        (
+            "100,000 limits, Zipf 1.0",
+            100_000,
+            state::Skew::Zipf(1.0),
+            true,
+        ),
+        (
+            "1,000,000 limits, uniform",
+            1_000_000,
+            state::Skew::Uniform,
+            false,
+        ),
     ];
     let mut bytes_per_id = Samples::default();
     for (name, limits, skew, targeted) in cases {
@@ -194,11 +208,20 @@ async fn checkpoint(args: &Args, table: &mut Table) -> anyhow::Result<()> {
         number(writer.dedupe_ids() as f64),
         number(built.tuples_per_sec)
     );
-    let (mut secs, mut mb, mut share) = (Samples::default(), Samples::default(), Samples::default());
+    let (mut secs, mut mb, mut share) =
+        (Samples::default(), Samples::default(), Samples::default());
     let mut during = Samples::default();
     for run in 0..args.runs {
         let snap_dir = scratch(args, "snap")?;
-        let (result, w, f) = state::checkpoint_under_load(writer, store.clone(), dirty.clone(), feed, snap_dir.path(), 60).await?;
+        let (result, w, f) = state::checkpoint_under_load(
+            writer,
+            store.clone(),
+            dirty.clone(),
+            feed,
+            snap_dir.path(),
+            60,
+        )
+        .await?;
         writer = w;
         feed = f;
         println!(
@@ -218,22 +241,65 @@ async fn checkpoint(args: &Args, table: &mut Table) -> anyhow::Result<()> {
         number(args.state_limits as f64),
         number(args.state_ids as f64)
     );
-    table.add("checkpoint: snapshot (copy + upload to file:// + record)", "s", secs, Some(Target { text: "<= 2", bound: 2.0, higher: false }), state_note.clone());
+    table.add(
+        "checkpoint: snapshot (copy + upload to file:// + record)",
+        "s",
+        secs,
+        Some(Target {
+            text: "<= 2",
+            bound: 2.0,
+            higher: false,
+        }),
+        state_note.clone(),
+    );
     table.add("checkpoint: snapshot size", "MB", mb, None, state_note);
-    table.add("checkpoint: ingest during snapshot", "tuples/s", during, None, "the writer applying 200,000-tuple groups meanwhile");
-    table.add("checkpoint: ingest during / before", "%", share, Some(Target { text: ">= 80", bound: 80.0, higher: true }), "same-length window just before");
+    table.add(
+        "checkpoint: ingest during snapshot",
+        "tuples/s",
+        during,
+        None,
+        "the writer applying 200,000-tuple groups meanwhile",
+    );
+    table.add(
+        "checkpoint: ingest during / before",
+        "%",
+        share,
+        Some(Target {
+            text: ">= 80",
+            bound: 80.0,
+            higher: true,
+        }),
+        "the writer alone in the 2-3 s before",
+    );
     Ok(())
 }
 
 async fn end_to_end(args: &Args, table: &mut Table) -> anyhow::Result<()> {
-    let catalog = adspend_tests::sim::generate_catalog(&adspend_tests::sim::CatalogSpec::for_ads(args.ads), 3)?;
+    let catalog = adspend_tests::sim::generate_catalog(
+        &adspend_tests::sim::CatalogSpec::for_ads(args.ads),
+        3,
+    )?;
     for durable in [true, false] {
-        let setting = if durable { "sync_interval always" } else { "NATS default sync (2 min)" };
-        let (mut rates, mut p50, mut p99) = (Samples::default(), Samples::default(), Samples::default());
+        let setting = if durable {
+            "sync_interval always"
+        } else {
+            "NATS default sync (2 min)"
+        };
+        let (mut rates, mut p50, mut p99) =
+            (Samples::default(), Samples::default(), Samples::default());
         for run in 0..args.runs {
             let p = e2e::start(catalog.clone(), durable, Backends::default()).await?;
-            let result = e2e::sustained(&p, Duration::from_secs(args.e2e_secs), args.batch, 100 + run as u64).await?;
-            anyhow::ensure!(result.exact, "end-to-end run {run} ({setting}) did not match the truth");
+            let result = e2e::sustained(
+                &p,
+                Duration::from_secs(args.e2e_secs),
+                args.batch,
+                100 + run as u64,
+            )
+            .await?;
+            anyhow::ensure!(
+                result.exact,
+                "end-to-end run {run} ({setting}) did not match the truth"
+            );
             println!(
                 "bench:   e2e {setting}: {} events in {:.1}s = {} events/s, exact",
                 result.events,
@@ -246,7 +312,14 @@ async fn end_to_end(args: &Args, table: &mut Table) -> anyhow::Result<()> {
             // what the half-rate run builds, not what the full-rate run left.
             let p = e2e::start(catalog.clone(), durable, Backends::default()).await?;
             let half = result.events_per_sec / 2.0;
-            let fresh = e2e::freshness(&p, half, Duration::from_secs(30), args.batch, 200 + run as u64).await?;
+            let fresh = e2e::freshness(
+                &p,
+                half,
+                Duration::from_secs(30),
+                args.batch,
+                200 + run as u64,
+            )
+            .await?;
             println!(
                 "bench:   freshness at {} events/s ({} achieved): p50 {:.0} ms, p99 {:.0} ms over {} pushes",
                 number(half),
@@ -258,18 +331,47 @@ async fn end_to_end(args: &Args, table: &mut Table) -> anyhow::Result<()> {
             p50.push(fresh.p50_ms);
             p99.push(fresh.p99_ms);
         }
-        let note = format!("{} s sustained, NDJSON {} events/message, 5% duplicates, {setting}", args.e2e_secs, args.batch);
+        let note = format!(
+            "{} s sustained, NDJSON {} events/message, 5% duplicates, {setting}",
+            args.e2e_secs, args.batch
+        );
         let (rate_target, p99_target) = if durable {
             (
-                Some(Target { text: ">= 500,000", bound: 500_000.0, higher: true }),
-                Some(Target { text: "<= 250", bound: 250.0, higher: false }),
+                Some(Target {
+                    text: ">= 500,000",
+                    bound: 500_000.0,
+                    higher: true,
+                }),
+                Some(Target {
+                    text: "<= 250",
+                    bound: 250.0,
+                    higher: false,
+                }),
             )
         } else {
             (None, None)
         };
-        table.add(format!("end to end ({setting})"), "impressions/s", rates, rate_target, note);
-        table.add(format!("freshness p50 at half rate ({setting})"), "ms", p50, None, "published → in the pacer");
-        table.add(format!("freshness p99 at half rate ({setting})"), "ms", p99, p99_target, "published → in the pacer");
+        table.add(
+            format!("end to end ({setting})"),
+            "impressions/s",
+            rates,
+            rate_target,
+            note,
+        );
+        table.add(
+            format!("freshness p50 at half rate ({setting})"),
+            "ms",
+            p50,
+            None,
+            "published → in the pacer",
+        );
+        table.add(
+            format!("freshness p99 at half rate ({setting})"),
+            "ms",
+            p99,
+            p99_target,
+            "published → in the pacer",
+        );
     }
     Ok(())
 }
@@ -302,22 +404,59 @@ async fn side_by_side(args: &Args, table: &mut Table) -> anyhow::Result<()> {
             let p = e2e::start(workload.catalog.clone(), durable, Backends::default()).await?;
             let result = e2e::workload(&p, &workload).await?;
             drop(p);
-            anyhow::ensure!(result.exact, "adspend run {run} ({setting}) did not match the truth");
-            println!("bench:   adspend ({setting}): {} events/s", number(result.events_per_sec));
+            anyhow::ensure!(
+                result.exact,
+                "adspend run {run} ({setting}) did not match the truth"
+            );
+            println!(
+                "bench:   adspend ({setting}): {} events/s",
+                number(result.events_per_sec)
+            );
             ours.push(result.events_per_sec);
             let peer = peers::redis_lua(&workload, durable).await?;
-            anyhow::ensure!(peer.exact, "Redis-Lua peer run {run} ({setting}) did not match the truth: {}", peer.detail);
-            println!("bench:   redis-lua ({setting}): {} events/s", number(peer.events_per_sec));
+            anyhow::ensure!(
+                peer.exact,
+                "Redis-Lua peer run {run} ({setting}) did not match the truth: {}",
+                peer.detail
+            );
+            println!(
+                "bench:   redis-lua ({setting}): {} events/s",
+                number(peer.events_per_sec)
+            );
             redis.push(peer.events_per_sec);
             let peer = peers::jetstream_dedupe(&workload, js_events, durable).await?;
-            anyhow::ensure!(peer.exact, "JetStream-dedupe peer run {run} ({setting}) did not match: {}", peer.detail);
-            println!("bench:   jetstream-dedupe ({setting}): {} events/s", number(peer.events_per_sec));
+            anyhow::ensure!(
+                peer.exact,
+                "JetStream-dedupe peer run {run} ({setting}) did not match: {}",
+                peer.detail
+            );
+            println!(
+                "bench:   jetstream-dedupe ({setting}): {} events/s",
+                number(peer.events_per_sec)
+            );
             jetstream.push(peer.events_per_sec);
         }
-        let ratio = |peer: &Samples| samples(ours.values.iter().zip(&peer.values).map(|(a, b)| a / b));
-        let what = format!("{} events, {} per message, 5% duplicates", number(workload.events as f64), args.batch);
-        table.add(format!("same workload: adspend ({setting})"), "impressions/s", ours.clone(), None, what.clone());
-        table.add(format!("same workload: Redis-Lua peer ({setting})"), "impressions/s", redis.clone(), None, what.clone());
+        let ratio =
+            |peer: &Samples| samples(ours.values.iter().zip(&peer.values).map(|(a, b)| a / b));
+        let what = format!(
+            "{} events, {} per message, 5% duplicates",
+            number(workload.events as f64),
+            args.batch
+        );
+        table.add(
+            format!("same workload: adspend ({setting})"),
+            "impressions/s",
+            ours.clone(),
+            None,
+            what.clone(),
+        );
+        table.add(
+            format!("same workload: Redis-Lua peer ({setting})"),
+            "impressions/s",
+            redis.clone(),
+            None,
+            what.clone(),
+        );
         table.add(
             format!("same workload: JetStream-dedupe peer ({setting})"),
             "impressions/s",
@@ -326,12 +465,35 @@ async fn side_by_side(args: &Args, table: &mut Table) -> anyhow::Result<()> {
             format!("first {} events, one per message", number(js_events as f64)),
         );
         let (redis_target, js_target) = if durable {
-            (Some(Target { text: ">= 5", bound: 5.0, higher: true }), Some(Target { text: ">= 2", bound: 2.0, higher: true }))
+            (
+                Some(Target {
+                    text: ">= 5",
+                    bound: 5.0,
+                    higher: true,
+                }),
+                Some(Target {
+                    text: ">= 2",
+                    bound: 2.0,
+                    higher: true,
+                }),
+            )
         } else {
             (None, None)
         };
-        table.add(format!("ratio adspend / Redis-Lua ({setting})"), "x", ratio(&redis), redis_target, "per run");
-        table.add(format!("ratio adspend / JetStream-dedupe ({setting})"), "x", ratio(&jetstream), js_target, "per run");
+        table.add(
+            format!("ratio adspend / Redis-Lua ({setting})"),
+            "x",
+            ratio(&redis),
+            redis_target,
+            "per run",
+        );
+        table.add(
+            format!("ratio adspend / JetStream-dedupe ({setting})"),
+            "x",
+            ratio(&jetstream),
+            js_target,
+            "per run",
+        );
     }
     Ok(())
 }
@@ -344,7 +506,27 @@ async fn recover(args: &Args, table: &mut Table) -> anyhow::Result<()> {
         number(result.snapshot_bytes as f64 / 1e6),
         number(result.dedupe_ids as f64)
     );
-    table.add("recovery, warm (local LMDB)", "s", samples(result.warm_secs), Some(Target { text: "<= 2", bound: 2.0, higher: false }), note.clone());
-    table.add("recovery, cold (download from S3)", "s", samples(result.cold_secs), Some(Target { text: "<= 10", bound: 10.0, higher: false }), note);
+    table.add(
+        "recovery, warm (local LMDB)",
+        "s",
+        samples(result.warm_secs),
+        Some(Target {
+            text: "<= 2",
+            bound: 2.0,
+            higher: false,
+        }),
+        note.clone(),
+    );
+    table.add(
+        "recovery, cold (download from S3)",
+        "s",
+        samples(result.cold_secs),
+        Some(Target {
+            text: "<= 10",
+            bound: 10.0,
+            higher: false,
+        }),
+        note,
+    );
     Ok(())
 }
