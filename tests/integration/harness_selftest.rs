@@ -396,9 +396,11 @@ async fn s3_pause_keeps_data_and_restart_loses_it() {
     assert_eq!(s3.get_object("volatile", "a").await.unwrap(), None);
 }
 
-/// A stand-in service: logs its pid, exits 7 on SIGTERM, otherwise runs.
-const FAKE_SERVICE: &str = "echo \"run $$\"; \
-     trap 'echo got term; exit 7' TERM; \
+/// A stand-in service: exits 7 on SIGTERM, otherwise runs. It logs its pid
+/// only once the trap is set, so a test that waits for that line cannot
+/// signal it before the trap exists.
+const FAKE_SERVICE: &str = "trap 'echo got term; exit 7' TERM; \
+     echo \"run $$\"; \
      while true; do sleep 0.05; done";
 
 fn fake_service() -> ServiceProcess {
