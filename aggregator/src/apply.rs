@@ -271,15 +271,20 @@ impl Writer {
                         sum.micros =
                             checked(sum.micros, tuple.cost_micros, limit, LIFETIME_BUCKET)?;
                         sum.tuples += 1;
-                        if tuple.bucket == LIFETIME_BUCKET {
-                        } else if sum.bucket == tuple.bucket || sum.bucket == LIFETIME_BUCKET {
-                            sum.bucket = tuple.bucket;
-                            sum.bucket_micros =
-                                checked(sum.bucket_micros, tuple.cost_micros, limit, tuple.bucket)?;
-                        } else {
-                            // A second bucket in one message (a late event).
-                            let delta = bucket_deltas.entry((limit, tuple.bucket)).or_default();
-                            *delta = checked(*delta, tuple.cost_micros, limit, tuple.bucket)?;
+                        if tuple.bucket != LIFETIME_BUCKET {
+                            if sum.bucket == tuple.bucket || sum.bucket == LIFETIME_BUCKET {
+                                sum.bucket = tuple.bucket;
+                                sum.bucket_micros = checked(
+                                    sum.bucket_micros,
+                                    tuple.cost_micros,
+                                    limit,
+                                    tuple.bucket,
+                                )?;
+                            } else {
+                                // A second bucket in one message (a late event).
+                                let delta = bucket_deltas.entry((limit, tuple.bucket)).or_default();
+                                *delta = checked(*delta, tuple.cost_micros, limit, tuple.bucket)?;
+                            }
                         }
                         stats.applied += 1;
                     }

@@ -7,14 +7,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use async_nats::jetstream;
-use async_nats::jetstream::context::PublishError;
-use async_nats::jetstream::publish::PublishAck;
+use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
-use futures::future::BoxFuture;
-use futures::stream::FuturesUnordered;
-use futures::{FutureExt as _, StreamExt};
-use std::future::IntoFuture as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::check::wait_for_match;
@@ -74,7 +68,7 @@ pub async fn start_with_ports(
 }
 
 /// Publishes `messages` to `subject` with up to `in_flight` acks pending;
-/// fails unless JetStream acknowledges every one.
+/// fails unless JetStream acknowledges every one. Returns how many it did.
 pub async fn publish_all(
     client: &async_nats::Client,
     subject: &str,
@@ -85,29 +79,11 @@ pub async fn publish_all(
         .timeout(Duration::from_secs(30))
         .max_ack_inflight(in_flight)
         .build(client.clone());
-    let mut pending: FuturesUnordered<BoxFuture<'static, Result<PublishAck, PublishError>>> =
-        FuturesUnordered::new();
-    let mut acked = 0u64;
-    for payload in messages {
-        while pending.len() >= in_flight {
-            pending
-                .next()
-                .await
-                .expect("not empty")
-                .context("publish ack")?;
-            acked += 1;
-        }
-        let ack = js
-            .publish(subject.to_owned(), payload)
-            .await
-            .with_context(|| format!("publish to {subject}"))?;
-        pending.push(ack.into_future().boxed());
-    }
-    while let Some(ack) = pending.next().await {
-        ack.context("publish ack")?;
-        acked += 1;
-    }
-    Ok(acked)
+    let messages = messages
+        .into_iter()
+        .map(|payload| PublishMessage::build().payload(payload));
+    let acks = super::peers::publish_all(&js, subject, messages, in_flight).await?;
+    Ok(acks.stored + acks.duplicates)
 }
 
 /// How a run ended.

@@ -373,10 +373,10 @@ async fn start_nats(durable: bool) -> NatsServer {
 
 /// What the acks of a publish run said.
 #[derive(Debug, Default)]
-struct Acks {
-    stored: u64,
+pub(crate) struct Acks {
+    pub(crate) stored: u64,
     /// Acknowledged but not stored: the stream had the message id already.
-    duplicates: u64,
+    pub(crate) duplicates: u64,
 }
 
 impl Acks {
@@ -392,13 +392,13 @@ impl Acks {
 
 /// Publishes every message in order with up to `window` acks outstanding,
 /// as the simulator does, and returns once all are acknowledged.
-async fn publish_all(
+pub(crate) async fn publish_all(
     js: &jetstream::Context,
-    subject: &'static str,
+    subject: &str,
     messages: impl IntoIterator<Item = PublishMessage>,
     window: usize,
 ) -> anyhow::Result<Acks> {
-    let subject = Subject::from_static(subject);
+    let subject = Subject::from(subject);
     let mut acks = Acks::default();
     let mut in_flight = FuturesUnordered::new();
     for message in messages {
