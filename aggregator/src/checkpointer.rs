@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::apply::CheckpointRequest;
 use crate::error::Error;
+use crate::fence::Validity;
 use crate::store::Store;
 
 /// File name of the LMDB data file, in snapshots as in the environment.
@@ -38,19 +39,25 @@ pub struct Checkpointer {
     pub tmp_dir: PathBuf,
     /// Snapshots kept besides the newest.
     pub keep: usize,
+    /// In cluster mode, the lease this shard is owned under: nothing is
+    /// uploaded or recorded once it has lapsed.
+    pub lease: Option<Arc<Validity>>,
 }
 
 impl Checkpointer {
+    /// Serve checkpoint requests until `cancel` (or the writer is gone);
+    /// gives itself back so that a handover can take a last checkpoint after
+    /// the writer's final commit.
     pub async fn run(
         mut self,
         mut requests: watch::Receiver<CheckpointRequest>,
         cancel: CancellationToken,
-    ) -> Result<(), Error> {
+    ) -> Result<Self, Error> {
         let mut last_request = requests.borrow().0;
         loop {
             tokio::select! {
-                _ = cancel.cancelled() => return Ok(()),
-                changed = requests.changed() => if changed.is_err() { return Ok(()) },
+                _ = cancel.cancelled() => return Ok(self),
+                changed = requests.changed() => if changed.is_err() { return Ok(self) },
             }
             let (request, seq) = *requests.borrow_and_update();
             let coalesced = request.saturating_sub(last_request).saturating_sub(1);
@@ -64,7 +71,8 @@ impl Checkpointer {
                 Ok(record) => {
                     metrics::counter!(CHECKPOINTS_TOTAL, "outcome" => "ok").increment(1);
                     metrics::histogram!(CHECKPOINT_SECONDS).record(started.elapsed().as_secs_f64());
-                    metrics::gauge!(SNAPSHOT_BYTES).set(record.size_bytes as f64);
+                    metrics::gauge!(SNAPSHOT_BYTES, "shard" => self.shard.clone())
+                        .set(record.size_bytes as f64);
                     tracing::debug!(
                         id = record.checkpoint_id,
                         seq = record.seq,
@@ -72,7 +80,9 @@ impl Checkpointer {
                         "checkpoint recorded"
                     );
                 }
-                Err(e @ Error::Common(adspend_common::Error::Fenced { .. })) => return Err(e),
+                Err(e @ (Error::Common(adspend_common::Error::Fenced { .. }) | Error::LeaseLost { .. })) => {
+                    return Err(e)
+                }
                 Err(e) => {
                     // The previous checkpoint stays in force; the next marker retries.
                     metrics::counter!(CHECKPOINTS_TOTAL, "outcome" => "failed").increment(1);
@@ -119,10 +129,12 @@ impl Checkpointer {
         // The epoch keeps a stale owner (same next id) from overwriting the
         // new owner's object; names still sort by checkpoint id for GC.
         let key = format!("{}/{id:020}-{seq:020}-e{}.mdb", self.shard, self.epoch);
+        self.check_lease()?;
         tracing::debug!(id, seq, key, "checkpoint: copied; uploading");
         let (size_bytes, checksum) = self.snapshots.upload(&key, &file).await?;
         tracing::debug!(id, seq, size_bytes, "checkpoint: uploaded; recording");
         failpoint::hit("aggregator.after_upload");
+        self.check_lease()?;
         let record = CheckpointRecord {
             checkpoint_id: id,
             seq,
@@ -139,6 +151,15 @@ impl Checkpointer {
         let _ = tokio::fs::remove_dir_all(&dir).await;
         self.collect_garbage(&key).await;
         Ok(record)
+    }
+
+    fn check_lease(&self) -> Result<(), Error> {
+        match &self.lease {
+            Some(lease) if !lease.is_valid() => Err(Error::LeaseLost {
+                shard: self.shard.clone(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Delete all but the newest `keep + 1` snapshots of this shard. Names

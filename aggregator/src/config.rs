@@ -2,11 +2,26 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use adspend_common::config::{data_dir_or_default, parse_addr, EtcdArgs, NatsArgs, PartitionArgs};
+use adspend_common::config::{
+    data_dir_or_default, parse_addr, EtcdArgs, NatsArgs, PartitionArgs, StreamArgs,
+};
 use adspend_common::Error;
 use clap::Parser;
 
 use crate::apply::DedupeLimits;
+use crate::shard::Settings;
+
+/// Which partitions this aggregator applies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ownership {
+    /// All partitions, as one shard.
+    All,
+    /// A fixed list, as one shard.
+    Fixed(Vec<u32>),
+    /// Assigned through etcd among the live aggregators; each partition is
+    /// a shard of its own.
+    Cluster,
+}
 
 /// Sums spend per limit in LMDB, snapshots it to object storage on each
 /// checkpoint marker, and pushes fresh sums to the pacer.
@@ -15,6 +30,8 @@ use crate::apply::DedupeLimits;
 pub struct Config {
     #[command(flatten)]
     pub nats: NatsArgs,
+    #[command(flatten)]
+    pub streams: StreamArgs,
     #[command(flatten)]
     pub etcd: EtcdArgs,
     #[command(flatten)]
@@ -29,9 +46,21 @@ pub struct Config {
     /// Prometheus /metrics listen address.
     #[arg(long, env = "ADSPEND_METRICS_ADDR", default_value = "127.0.0.1:9102")]
     pub metrics_addr: String,
-    /// Partitions this aggregator owns: "all", or a comma-separated list.
+    /// Partitions this aggregator owns: "all", a comma-separated list, or
+    /// "auto" (cluster mode: partitions spread over the live aggregators
+    /// through etcd; needs ADSPEND_ETCD_ENDPOINTS).
     #[arg(long, env = "ADSPEND_AGGREGATOR_PARTITIONS", default_value = "all")]
     pub owned_partitions: String,
+    /// Cluster mode: this aggregator's member id (letters, digits, '.', '_',
+    /// '-'; at most 64). Default: the host name.
+    #[arg(long, env = "ADSPEND_AGGREGATOR_ID")]
+    pub aggregator_id: Option<String>,
+    /// Cluster mode: TTL of the membership lease, milliseconds. A member
+    /// silent for this long loses its partitions to the others; it stops
+    /// applying once keepalives have gone unanswered for half of it.
+    #[arg(long, env = "ADSPEND_LEASE_TTL_MS", default_value_t = 5_000,
+          value_parser = clap::value_parser!(u64).range(2_000..=600_000))]
+    pub lease_ttl_ms: u64,
     /// Dedupe window in stream time, milliseconds.
     #[arg(long, env = "ADSPEND_DEDUPE_WINDOW_MS", default_value_t = 3_600_000,
           value_parser = clap::value_parser!(u64).range(1..))]
@@ -57,8 +86,64 @@ impl Config {
     /// Everything that can be checked before touching the network.
     pub fn validate(&self) -> Result<SocketAddr, Error> {
         self.etcd.validate()?;
-        self.owned()?;
+        if self.ownership()? == Ownership::Cluster {
+            if self.etcd.endpoints().is_empty() {
+                return Err(Error::Config {
+                    name: "ADSPEND_AGGREGATOR_PARTITIONS",
+                    value: self.owned_partitions.clone(),
+                    reason: "\"auto\" assigns partitions through etcd: set ADSPEND_ETCD_ENDPOINTS".into(),
+                });
+            }
+            self.member_id()?;
+        }
         parse_addr("ADSPEND_METRICS_ADDR", &self.metrics_addr)
+    }
+
+    pub fn ownership(&self) -> Result<Ownership, Error> {
+        Ok(match self.owned_partitions.trim() {
+            "auto" => Ownership::Cluster,
+            _ => match self.owned()? {
+                None => Ownership::All,
+                Some(list) => Ownership::Fixed(list),
+            },
+        })
+    }
+
+    /// The member id in cluster mode: the setting, else the host name.
+    pub fn member_id(&self) -> Result<String, Error> {
+        let id = match &self.aggregator_id {
+            Some(id) => id.trim().to_string(),
+            None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_default(),
+        };
+        let valid = !id.is_empty()
+            && id.len() <= 64
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if !valid {
+            return Err(Error::Config {
+                name: "ADSPEND_AGGREGATOR_ID",
+                value: id,
+                reason: "1 to 64 letters, digits, '.', '_' or '-'".into(),
+            });
+        }
+        Ok(id)
+    }
+
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_millis(self.lease_ttl_ms)
+    }
+
+    pub fn shard_settings(&self) -> Settings {
+        Settings {
+            dedupe: self.dedupe(),
+            push_interval: self.push_interval(),
+            snapshots_kept: self.snapshots_kept,
+            lmdb_map_size: usize::try_from(self.lmdb_map_gib << 30).unwrap_or(usize::MAX),
+            stream_replicas: self.streams.replicas(),
+        }
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -71,10 +156,10 @@ impl Config {
             .unwrap_or_else(|| format!("file://{}", self.data_dir().join("snapshots").display()))
     }
 
-    /// Owned partitions, or `None` for all.
+    /// Owned partitions of a fixed list, or `None` for all (and for auto).
     pub fn owned(&self) -> Result<Option<Vec<u32>>, Error> {
         let value = self.owned_partitions.trim();
-        if value == "all" {
+        if value == "all" || value == "auto" {
             return Ok(None);
         }
         let bad = |reason: String| Error::Config {

@@ -40,6 +40,12 @@ pub enum Error {
     #[error("snapshot {key} does not match its checkpoint record: {reason}")]
     SnapshotMismatch { key: String, reason: String },
 
+    #[error("lease lost: shard {shard} is no longer ours to apply")]
+    LeaseLost { shard: String },
+
+    #[error("aggregator id {id:?}: {reason}")]
+    Membership { id: String, reason: String },
+
     #[error("{0} task failed: {1}")]
     Task(&'static str, String),
 }

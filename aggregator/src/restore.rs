@@ -49,7 +49,7 @@ fn fresh(store: Store) -> Result<(Store, String, Start), Error> {
     Ok((store, lineage, Start::Fresh))
 }
 
-fn close(store: Store) {
+pub(crate) fn close(store: Store) {
     store.env.prepare_for_closing().wait();
 }
 

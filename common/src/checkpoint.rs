@@ -76,13 +76,19 @@ impl CheckpointStore {
                 shard: shard.to_string(),
             });
         }
-        let client = Box::new(crate::etcd::connect(etcd_endpoints).await?);
-        Ok(CheckpointStore::Etcd {
-            client,
+        let client = crate::etcd::connect(etcd_endpoints).await?;
+        Ok(Self::etcd(client, shard))
+    }
+
+    /// The shard's records in etcd over a client the caller already holds
+    /// (clones share one connection).
+    pub fn etcd(client: etcd_client::Client, shard: &str) -> Self {
+        CheckpointStore::Etcd {
+            client: Box::new(client),
             epoch_key: format!("/adspend/shards/{shard}/epoch"),
             record_key: format!("/adspend/shards/{shard}/checkpoint"),
             shard: shard.to_string(),
-        })
+        }
     }
 
     /// Take ownership: atomically increment the shard's owner epoch and return

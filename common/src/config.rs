@@ -21,6 +21,21 @@ pub struct NatsArgs {
 }
 
 #[derive(Args, Clone, Debug)]
+pub struct StreamArgs {
+    /// Replicas of the JetStream streams this service creates when they are
+    /// missing (3 on a three-node NATS cluster; 1 on a single server).
+    #[arg(long = "stream-replicas", env = "ADSPEND_STREAM_REPLICAS", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..=5))]
+    pub stream_replicas: u8,
+}
+
+impl StreamArgs {
+    pub fn replicas(&self) -> usize {
+        usize::from(self.stream_replicas)
+    }
+}
+
+#[derive(Args, Clone, Debug)]
 pub struct EtcdArgs {
     /// Comma-separated etcd endpoints; empty means single-machine mode
     /// (checkpoint records kept in the data directory).

@@ -53,14 +53,20 @@ async fn ensure(js: &jetstream::Context, config: stream::Config) -> Result<strea
         .map_err(|e| Error::jetstream(format!("create stream {name}"))(e.to_string()))
 }
 
-/// `IMPRESSIONS`: written by ad servers, read by the limiter.
-pub async fn ensure_impressions(js: &jetstream::Context) -> Result<stream::Stream> {
+/// `IMPRESSIONS`: written by ad servers, read by the limiter. `replicas`
+/// applies when the stream is created (a JetStream cluster keeps that many
+/// copies); an existing stream is used as it is.
+pub async fn ensure_impressions(
+    js: &jetstream::Context,
+    replicas: usize,
+) -> Result<stream::Stream> {
     ensure(
         js,
         stream::Config {
             name: IMPRESSIONS_STREAM.into(),
             subjects: vec![IMPRESSIONS_SUBJECTS.into()],
             storage: stream::StorageType::File,
+            num_replicas: replicas,
             ..Default::default()
         },
     )
@@ -69,13 +75,14 @@ pub async fn ensure_impressions(js: &jetstream::Context) -> Result<stream::Strea
 
 /// `SPEND`: spend tuples and checkpoint markers, one subject per partition.
 /// No acknowledgements are used on it; the aggregator tracks its position.
-pub async fn ensure_spend(js: &jetstream::Context) -> Result<stream::Stream> {
+pub async fn ensure_spend(js: &jetstream::Context, replicas: usize) -> Result<stream::Stream> {
     ensure(
         js,
         stream::Config {
             name: SPEND_STREAM.into(),
             subjects: vec![SPEND_SUBJECTS.into()],
             storage: stream::StorageType::File,
+            num_replicas: replicas,
             max_message_size: 8 * 1024 * 1024,
             ..Default::default()
         },
@@ -84,13 +91,17 @@ pub async fn ensure_spend(js: &jetstream::Context) -> Result<stream::Stream> {
 }
 
 /// `DEADLETTER`: rejected input with its reason.
-pub async fn ensure_deadletter(js: &jetstream::Context) -> Result<stream::Stream> {
+pub async fn ensure_deadletter(
+    js: &jetstream::Context,
+    replicas: usize,
+) -> Result<stream::Stream> {
     ensure(
         js,
         stream::Config {
             name: DEADLETTER_STREAM.into(),
             subjects: vec![DEADLETTER_SUBJECTS.into()],
             storage: stream::StorageType::File,
+            num_replicas: replicas,
             ..Default::default()
         },
     )

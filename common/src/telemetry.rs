@@ -30,6 +30,20 @@ pub const DEDUPE_IDS: &str = "adspend_dedupe_ids";
 pub const DEDUPE_WINDOW_SECONDS: &str = "adspend_dedupe_window_seconds";
 pub const SUMS_PUSHES_TOTAL: &str = "adspend_sums_pushes_total";
 pub const STREAM_INTEGRITY_ERRORS_TOTAL: &str = "adspend_stream_integrity_errors_total";
+// aggregator, cluster mode
+/// Partitions this member applies now.
+pub const AGGREGATOR_OWNED_PARTITIONS: &str = "adspend_aggregator_owned_partitions";
+/// Changes of this member's assigned partitions (joins and departures).
+pub const AGGREGATOR_REBALANCES_TOTAL: &str = "adspend_aggregator_rebalances_total";
+/// Graceful handover, `side="take"`: from the partition being assigned here
+/// until it applies here; `side="release"`: from being asked to let go
+/// until the last checkpoint is recorded and the partition released.
+pub const AGGREGATOR_HANDOVER_SECONDS: &str = "adspend_aggregator_handover_seconds";
+/// From noticing the previous owner's lease gone until the partition
+/// applies here (restore and catch-up included).
+pub const AGGREGATOR_FAILOVER_SECONDS: &str = "adspend_aggregator_failover_seconds";
+/// Membership leases lost (keepalives unanswered or expired).
+pub const AGGREGATOR_LEASES_LOST_TOTAL: &str = "adspend_aggregator_leases_lost_total";
 // pacer
 pub const PACER_UPDATES_TOTAL: &str = "adspend_pacer_updates_total";
 pub const PACER_STALE_UPDATES_TOTAL: &str = "adspend_pacer_stale_updates_total";
@@ -44,6 +58,11 @@ pub const FRESHNESS_BUCKETS: &[f64] = &[
     1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
 ];
 pub const DECISIONS_TOTAL: &str = "adspend_decisions_total";
+
+/// Bucket bounds of the ownership histograms (handover, failover).
+pub const OWNERSHIP_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0,
+];
 
 static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
 
@@ -81,6 +100,18 @@ pub fn install_metrics(listen: SocketAddr) -> Result<PrometheusHandle, Error> {
             metrics_exporter_prometheus::Matcher::Full(PACER_FRESHNESS_SECONDS.into()),
             FRESHNESS_BUCKETS,
         )
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(AGGREGATOR_HANDOVER_SECONDS.into()),
+                OWNERSHIP_BUCKETS,
+            )
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(AGGREGATOR_FAILOVER_SECONDS.into()),
+                OWNERSHIP_BUCKETS,
+            )
+        })
         .map_err(|e| bind_error(e.to_string()))?;
     let (recorder, exporter) = builder.build().map_err(|e| bind_error(e.to_string()))?;
     let handle = recorder.handle();

@@ -1,7 +1,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use adspend_common::config::{parse_addr, CatalogArgs, EtcdArgs, NatsArgs, PartitionArgs};
+use adspend_common::config::{
+    parse_addr, CatalogArgs, EtcdArgs, NatsArgs, PartitionArgs, StreamArgs,
+};
 use adspend_common::Error;
 use clap::Parser;
 
@@ -12,6 +14,8 @@ use clap::Parser;
 pub struct Config {
     #[command(flatten)]
     pub nats: NatsArgs,
+    #[command(flatten)]
+    pub streams: StreamArgs,
     #[command(flatten)]
     pub etcd: EtcdArgs,
     #[command(flatten)]

@@ -50,9 +50,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let catalog = catalog_source.clone().watch(shutdown.clone()).await?;
     let client = nats::connect(&config.nats.nats_url, "adspend-limiter").await?;
     let js = jetstream::new(client);
-    let impressions = nats::ensure_impressions(&js).await?;
-    nats::ensure_spend(&js).await?;
-    nats::ensure_deadletter(&js).await?;
+    let replicas = config.streams.replicas();
+    let impressions = nats::ensure_impressions(&js, replicas).await?;
+    nats::ensure_spend(&js, replicas).await?;
+    nats::ensure_deadletter(&js, replicas).await?;
 
     let consumer_err = |reason: String| Error::Consumer {
         stream: nats::IMPRESSIONS_STREAM,

@@ -31,6 +31,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/limits/{limit_id}", get(get_limit))
         .route("/v1/limits/{limit_id}/history", get(get_history))
         .route("/v1/decisions", post(decisions))
+        .route("/v1/shards", get(list_shards))
         .with_state(state)
 }
 
@@ -124,6 +125,44 @@ async fn list_limits(State(app): State<AppState>, Query(page): Query<Page>) -> R
         None
     };
     Json(LimitsPage { limits, next }).into_response()
+}
+
+#[derive(Serialize)]
+struct ShardView {
+    shard: String,
+    /// Owner epoch of the newest pushes held: it rises when ownership moves.
+    epoch: u64,
+    /// `SPEND` stream sequence the shard's sums are exact as of.
+    seq: u64,
+    watermark: i64,
+    lag_ms: i64,
+    /// When the last push from the shard arrived (unix ms).
+    updated_ms: i64,
+}
+
+#[derive(Serialize)]
+struct Shards {
+    shards: Vec<ShardView>,
+}
+
+/// Per shard (a partition in cluster mode): who last pushed and how far it
+/// is; operators and the cluster tests watch ownership move here.
+async fn list_shards(State(app): State<AppState>) -> Response {
+    let spend = app.spend.read().await;
+    let mut shards: Vec<ShardView> = spend
+        .shards
+        .iter()
+        .map(|(name, s)| ShardView {
+            shard: name.to_string(),
+            epoch: s.epoch,
+            seq: s.seq,
+            watermark: s.watermark_ms,
+            lag_ms: s.lag_ms,
+            updated_ms: s.updated_ms,
+        })
+        .collect();
+    shards.sort_by(|a, b| a.shard.cmp(&b.shard));
+    Json(Shards { shards }).into_response()
 }
 
 #[derive(Deserialize)]

@@ -240,6 +240,7 @@ pub async fn checkpoint_under_load(
         next_id: 1,
         tmp_dir: scratch.join("tmp"),
         keep: 0,
+        lease: None,
     };
     // Let the writer run alone first, for the baseline.
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -1,0 +1,135 @@
+//! The member's etcd lease: granted at join, kept alive by this process,
+//! and mirrored into a [`Validity`] deadline that every shard obeys.
+//!
+//! etcd counts a lease's TTL in whole seconds; the setting in milliseconds
+//! is rounded up. Keepalives go out every third of the TTL; each answered
+//! one moves the deadline to the time it was sent plus half the TTL, so a
+//! process that stops hearing from etcd (partitioned, or paused and
+//! resumed) stops applying well before etcd lets another member take over.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::Client;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Error;
+use crate::fence::Validity;
+
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub id: i64,
+    pub ttl: Duration,
+    pub validity: Arc<Validity>,
+}
+
+/// Why [`keep_alive`] returned.
+#[derive(Debug, PartialEq, Eq)]
+pub enum End {
+    Cancelled,
+    Lost(String),
+}
+
+/// etcd's TTL for a setting: whole seconds, rounded up.
+pub fn ttl_seconds(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis().div_ceil(1000)).unwrap_or(i64::MAX)
+}
+
+pub async fn grant(client: &mut Client, ttl: Duration) -> Result<Lease, Error> {
+    let sent = Instant::now();
+    let granted = client
+        .lease_grant(ttl_seconds(ttl), None)
+        .await
+        .map_err(|e| {
+            Error::Common(adspend_common::Error::Etcd {
+                op: "lease grant",
+                key: String::new(),
+                reason: e.to_string(),
+            })
+        })?;
+    let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(0));
+    let validity = Validity::new(Duration::ZERO);
+    validity.extend_to(sent + ttl / 2);
+    Ok(Lease {
+        id: granted.id(),
+        ttl,
+        validity: Arc::new(validity),
+    })
+}
+
+/// Keep `lease` alive until `cancel`, or until it is lost: etcd says it
+/// expired, or no keepalive was answered before the deadline. On loss the
+/// deadline is revoked before this returns.
+pub async fn keep_alive(mut client: Client, lease: &Lease, cancel: CancellationToken) -> End {
+    let interval = (lease.ttl / 3).max(Duration::from_millis(300));
+    let mut channel = None;
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let lost = |reason: String| {
+        lease.validity.revoke();
+        End::Lost(reason)
+    };
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return End::Cancelled,
+            _ = ticker.tick() => {}
+        }
+        if !lease.validity.is_valid() {
+            return lost(format!(
+                "no keepalive answered within {} ms",
+                (lease.ttl / 2).as_millis()
+            ));
+        }
+        if channel.is_none() {
+            match tokio::time::timeout(interval, client.lease_keep_alive(lease.id)).await {
+                Ok(Ok(pair)) => channel = Some(pair),
+                Ok(Err(e)) => {
+                    tracing::warn!(lease = lease.id, error = %e, "lease keepalive channel failed");
+                    continue;
+                }
+                Err(_) => {
+                    tracing::warn!(lease = lease.id, "lease keepalive channel timed out");
+                    continue;
+                }
+            }
+        }
+        let Some((keeper, responses)) = channel.as_mut() else {
+            continue;
+        };
+        let sent = Instant::now();
+        let exchange = async {
+            keeper.keep_alive().await?;
+            responses.message().await
+        };
+        match tokio::time::timeout(interval, exchange).await {
+            Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
+                lease.validity.extend_to(sent + lease.ttl / 2);
+            }
+            Ok(Ok(Some(_))) => return lost("etcd reports the lease expired".into()),
+            Ok(Ok(None)) => {
+                tracing::warn!(lease = lease.id, "lease keepalive stream ended; reopening");
+                channel = None;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(lease = lease.id, error = %e, "lease keepalive failed; reopening");
+                channel = None;
+            }
+            Err(_) => {
+                tracing::warn!(lease = lease.id, "lease keepalive unanswered; reopening");
+                channel = None;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_rounds_up_to_whole_seconds() {
+        assert_eq!(ttl_seconds(Duration::from_millis(2_000)), 2);
+        assert_eq!(ttl_seconds(Duration::from_millis(2_001)), 3);
+        assert_eq!(ttl_seconds(Duration::from_millis(5_000)), 5);
+    }
+}
