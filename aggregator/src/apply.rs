@@ -22,11 +22,10 @@ use rustc_hash::FxHashMap;
 use tokio::sync::{mpsc, watch};
 
 use crate::dedupe::{self, IdSet};
+use crate::error::Error;
 use crate::fence::Validity;
 pub use crate::handoff::{CheckpointRequest, Dirty, DirtyState, Incoming};
-use crate::error::Error;
 use crate::store::{lifetime_value, log_key, log_key_time, parse_lifetime, sum_key, Store};
-
 
 /// The dedupe window, bounded by stream time and by id count.
 #[derive(Clone, Copy, Debug)]
@@ -333,7 +332,8 @@ impl Writer {
         metrics::counter!(TUPLES_APPLIED_TOTAL).increment(stats.applied);
         metrics::counter!(DUPLICATES_DROPPED_TOTAL, "by" => "id").increment(stats.duplicates_by_id);
         metrics::counter!(DUPLICATES_DROPPED_TOTAL, "by" => "seq").increment(stats.replayed_by_seq);
-        metrics::gauge!(LAST_APPLIED_SEQ, "shard" => self.shard.clone()).set(applied_through as f64);
+        metrics::gauge!(LAST_APPLIED_SEQ, "shard" => self.shard.clone())
+            .set(applied_through as f64);
 
         // Caught up: the sums are complete as of now; behind: as of the
         // publish time of the last message applied.

@@ -80,9 +80,10 @@ impl Checkpointer {
                         "checkpoint recorded"
                     );
                 }
-                Err(e @ (Error::Common(adspend_common::Error::Fenced { .. }) | Error::LeaseLost { .. })) => {
-                    return Err(e)
-                }
+                Err(
+                    e @ (Error::Common(adspend_common::Error::Fenced { .. })
+                    | Error::LeaseLost { .. }),
+                ) => return Err(e),
                 Err(e) => {
                     // The previous checkpoint stays in force; the next marker retries.
                     metrics::counter!(CHECKPOINTS_TOTAL, "outcome" => "failed").increment(1);

@@ -91,7 +91,8 @@ impl Config {
                 return Err(Error::Config {
                     name: "ADSPEND_AGGREGATOR_PARTITIONS",
                     value: self.owned_partitions.clone(),
-                    reason: "\"auto\" assigns partitions through etcd: set ADSPEND_ETCD_ENDPOINTS".into(),
+                    reason: "\"auto\" assigns partitions through etcd: set ADSPEND_ETCD_ENDPOINTS"
+                        .into(),
                 });
             }
             self.member_id()?;

@@ -7,7 +7,6 @@ use std::sync::Mutex;
 use adspend_common::types::{SpendMessage, SumEntry};
 use rustc_hash::FxHashMap;
 
-
 /// A message read from `SPEND`.
 #[derive(Debug)]
 pub struct Incoming {
@@ -53,7 +52,13 @@ impl Dirty {
         }
     }
 
-    pub(crate) fn record(&self, entries: Vec<SumEntry>, seq: u64, watermark_ms: i64, source_ms: Option<i64>) {
+    pub(crate) fn record(
+        &self,
+        entries: Vec<SumEntry>,
+        seq: u64,
+        watermark_ms: i64,
+        source_ms: Option<i64>,
+    ) {
         let mut state = self.inner.lock().expect("dirty lock");
         for entry in entries {
             state

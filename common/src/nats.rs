@@ -91,10 +91,7 @@ pub async fn ensure_spend(js: &jetstream::Context, replicas: usize) -> Result<st
 }
 
 /// `DEADLETTER`: rejected input with its reason.
-pub async fn ensure_deadletter(
-    js: &jetstream::Context,
-    replicas: usize,
-) -> Result<stream::Stream> {
+pub async fn ensure_deadletter(js: &jetstream::Context, replicas: usize) -> Result<stream::Stream> {
     ensure(
         js,
         stream::Config {

@@ -8,6 +8,7 @@ mod dashboard;
 mod deadletter;
 mod decisions;
 mod harness_selftest;
+mod membership;
 mod pipeline;
 mod recovery;
 mod restart;

@@ -196,6 +196,16 @@ impl Pipeline {
         truth
     }
 
+    /// Lifetime spend per limit as the pacer serves it.
+    pub async fn lifetimes(&self) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
+        let http = reqwest::Client::builder().no_proxy().build()?;
+        let limits = crate::check::fetch_limits(&http, &self.pacer_url()).await?;
+        Ok(limits
+            .into_iter()
+            .map(|l| (l.limit_id, l.lifetime_spend_micros))
+            .collect())
+    }
+
     /// Wait until the pacer equals the truth (or `timeout`), and return the
     /// last comparison.
     pub async fn settle(&self, truth: &Truth, timeout: Duration) -> Comparison {

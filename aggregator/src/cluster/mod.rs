@@ -126,7 +126,11 @@ pub async fn run(
             }
             Served::LeaseLost(reason) => {
                 metrics::counter!(AGGREGATOR_LEASES_LOST_TOTAL).increment(1);
-                tracing::warn!(member = context.id, reason, "membership lease lost; partitions stopped, rejoining");
+                tracing::warn!(
+                    member = context.id,
+                    reason,
+                    "membership lease lost; partitions stopped, rejoining"
+                );
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(()),
                     _ = tokio::time::sleep(REJOIN_BACKOFF) => {}
@@ -138,7 +142,11 @@ pub async fn run(
 
 /// Record the partition count on first use; refuse a member that differs
 /// (its partitions would not be the others').
-async fn agree_on_partition_count(etcd: &mut Client, id: &str, partitions: u32) -> Result<(), Error> {
+async fn agree_on_partition_count(
+    etcd: &mut Client,
+    id: &str,
+    partitions: u32,
+) -> Result<(), Error> {
     let txn = Txn::new()
         .when(vec![Compare::create_revision(
             PARTITION_COUNT_KEY,
@@ -342,7 +350,10 @@ impl Member {
     async fn join(&mut self) -> Result<(), Error> {
         let key = member_key(&self.ctx.id);
         let mut etcd = self.ctx.etcd.clone();
-        let previous = etcd.get(key.as_str(), None).await.map_err(etcd_err("get", &key))?;
+        let previous = etcd
+            .get(key.as_str(), None)
+            .await
+            .map_err(etcd_err("get", &key))?;
         if let Some(kv) = previous.kvs().first() {
             if kv.lease() != 0 && kv.lease() != self.lease.id {
                 tracing::warn!(
@@ -577,7 +588,11 @@ impl Member {
             }
             run.await
         });
-        tracing::info!(partition, kind = kind.as_str(), "partition claimed; restoring");
+        tracing::info!(
+            partition,
+            kind = kind.as_str(),
+            "partition claimed; restoring"
+        );
         self.running.insert(
             partition,
             Running {
@@ -663,7 +678,9 @@ impl Member {
         for (partition, running) in std::mem::take(&mut self.running) {
             match running.task.await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!(partition, error = %e, "partition stopped with an error"),
+                Ok(Err(e)) => {
+                    tracing::warn!(partition, error = %e, "partition stopped with an error")
+                }
                 Err(e) => tracing::warn!(partition, error = %e, "partition task failed"),
             }
         }

@@ -90,7 +90,10 @@ mod tests {
         assert_eq!(probe(&serve_once("200 OK")), Ok(()));
         let err = probe(&serve_once("503 Service Unavailable")).unwrap_err();
         assert!(err.contains("503"), "{err}");
-        let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let closed = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
         let err = probe(&format!("http://{closed}/healthz")).unwrap_err();
         assert!(err.starts_with("connect"), "{err}");
         assert!(probe("https://example.invalid/").is_err());

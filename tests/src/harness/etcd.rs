@@ -176,6 +176,38 @@ impl Etcd {
             .with_context(|| format!("etcd returned a value that is not base64: {encoded:?}"))
     }
 
+    /// Every key under `prefix` with its value and lease, in key order,
+    /// through etcd's JSON gateway.
+    ///
+    /// # Errors
+    ///
+    /// If etcd is unreachable or the answer is malformed.
+    pub async fn get_prefix(&self, prefix: &str) -> anyhow::Result<Vec<(String, Vec<u8>, i64)>> {
+        // The range [prefix, prefix with its last byte + 1) holds exactly
+        // the keys that start with it.
+        let mut end = prefix.as_bytes().to_vec();
+        let last = end.pop().context("empty prefix")?;
+        end.push(last + 1);
+        let body = json!({
+            "key": base64::encode(prefix.as_bytes()),
+            "range_end": base64::encode(&end),
+        });
+        let answer = self.gateway("kv/range", body).await?;
+        let mut kvs = Vec::new();
+        for kv in answer["kvs"].as_array().into_iter().flatten() {
+            let key = base64::decode(kv["key"].as_str().unwrap_or(""))?;
+            let value = base64::decode(kv["value"].as_str().unwrap_or(""))?;
+            // int64 fields come as strings through the gateway.
+            let lease = kv["lease"]
+                .as_str()
+                .and_then(|l| l.parse().ok())
+                .or_else(|| kv["lease"].as_i64())
+                .unwrap_or(0);
+            kvs.push((String::from_utf8(key)?, value, lease));
+        }
+        Ok(kvs)
+    }
+
     async fn gateway(
         &self,
         path: &str,
