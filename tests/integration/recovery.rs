@@ -27,7 +27,7 @@ use crate::support::{assert_exact, metric, sim_config, Backends, Pipeline, BUCKE
 const RECORD_KEY: &str = "/adspend/shards/all/checkpoint";
 const SETTLE: Duration = Duration::from_secs(45);
 const START: Duration = Duration::from_secs(30);
-const LAST_APPLIED: &str = "adspend_last_applied_seq";
+const LAST_APPLIED: &str = "adspend_last_applied_seq{shard=\"all\"}";
 /// moto parses but never checks SigV4; a well-formed header is enough.
 const DUMMY_SIGV4: &str = "AWS4-HMAC-SHA256 \
     Credential=test/20240101/us-east-1/s3/aws4_request, \

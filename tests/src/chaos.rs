@@ -433,7 +433,12 @@ impl Campaign {
         };
         let applied = |seq: u64| async move {
             anyhow::Ok(
-                try_metric(self.ports.aggregator, "adspend_last_applied_seq").await? >= seq as f64,
+                try_metric(
+                    self.ports.aggregator,
+                    "adspend_last_applied_seq{shard=\"all\"}",
+                )
+                .await?
+                    >= seq as f64,
             )
         };
         Ok(match target {

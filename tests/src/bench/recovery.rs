@@ -90,8 +90,10 @@ pub async fn run(ads: u32, events: u64, batch: usize, runs: usize) -> anyhow::Re
         )
         .await
         .context("waiting for a checkpoint")?;
-        result.snapshot_bytes = try_metric(metrics_port, "adspend_snapshot_bytes").await? as u64;
-        result.dedupe_ids = try_metric(metrics_port, "adspend_dedupe_ids").await? as u64;
+        result.snapshot_bytes =
+            try_metric(metrics_port, "adspend_snapshot_bytes{shard=\"all\"}").await? as u64;
+        result.dedupe_ids =
+            try_metric(metrics_port, "adspend_dedupe_ids{shard=\"all\"}").await? as u64;
 
         let aggregator = p.aggregator.as_mut().expect("aggregator running");
         aggregator.kill();
