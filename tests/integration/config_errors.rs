@@ -59,6 +59,24 @@ async fn bad_settings_and_unreachable_dependencies_fail_clearly() {
     fails_with(
         &p,
         "aggregator",
+        &[("ADSPEND_AGGREGATOR_PARTITIONS", "auto")],
+        "set ADSPEND_ETCD_ENDPOINTS",
+    )
+    .await;
+    fails_with(
+        &p,
+        "aggregator",
+        &[
+            ("ADSPEND_AGGREGATOR_PARTITIONS", "auto"),
+            ("ADSPEND_ETCD_ENDPOINTS", &nowhere_etcd),
+            ("ADSPEND_AGGREGATOR_ID", "no/slashes"),
+        ],
+        "ADSPEND_AGGREGATOR_ID",
+    )
+    .await;
+    fails_with(
+        &p,
+        "aggregator",
         &[("ADSPEND_OBJECT_STORE_URL", "ftp://x")],
         "ADSPEND_OBJECT_STORE_URL",
     )
