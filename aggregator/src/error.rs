@@ -51,6 +51,30 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the aggregator must stop: the data or the local state is not
+    /// what it must be (a retention gap, a snapshot that does not verify,
+    /// LMDB or disk failing, a sum that would overflow). The others (etcd,
+    /// NATS or the object store unreachable for a while, ownership moving)
+    /// are retried.
+    pub fn is_fatal(&self) -> bool {
+        use adspend_common::Error as C;
+        match self {
+            Error::Lmdb { .. }
+            | Error::OldFormat(_)
+            | Error::Overflow { .. }
+            | Error::RetentionGap { .. }
+            | Error::LogBackwards { .. }
+            | Error::BadSpendMessage { .. }
+            | Error::SnapshotMismatch { .. }
+            | Error::Membership { .. } => true,
+            Error::Common(e) => matches!(
+                e,
+                C::SnapshotCorrupt { .. } | C::Decode { .. } | C::Config { .. } | C::Io { .. }
+            ),
+            Error::Consumer(_) | Error::Task(..) | Error::LeaseLost { .. } => false,
+        }
+    }
+
     pub fn lmdb(path: &std::path::Path, op: &'static str) -> impl FnOnce(heed::Error) -> Self {
         let path = path.to_path_buf();
         move |source| Error::Lmdb { path, op, source }

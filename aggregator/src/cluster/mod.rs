@@ -50,6 +50,8 @@ pub const PARTITION_COUNT_KEY: &str = "/adspend/config/partitions";
 /// Reconcile at least this often; etcd watches wake it sooner.
 const RECONCILE_EVERY: Duration = Duration::from_millis(500);
 const REJOIN_BACKOFF: Duration = Duration::from_secs(1);
+/// A partition that stopped on a passing failure is claimed again after this.
+const PARTITION_RETRY: Duration = Duration::from_secs(2);
 
 pub fn member_key(id: &str) -> String {
     format!("{MEMBERS_PREFIX}{id}")
@@ -243,6 +245,8 @@ struct Member {
     last_owner: HashMap<u32, String>,
     /// Released partitions whose owner key could not be deleted yet.
     to_release: BTreeSet<u32>,
+    /// Partitions not to claim again before the given time.
+    retry_after: HashMap<u32, Instant>,
     started_tx: mpsc::Sender<(u32, Started)>,
     started_rx: mpsc::Receiver<(u32, Started)>,
 }
@@ -265,6 +269,7 @@ impl Member {
             wanted_since: HashMap::new(),
             last_owner: HashMap::new(),
             to_release: BTreeSet::new(),
+            retry_after: HashMap::new(),
             started_tx,
             started_rx,
         }
@@ -437,6 +442,8 @@ impl Member {
 
     async fn reconcile(&mut self) -> Result<(), Error> {
         self.reap().await?;
+        let now = Instant::now();
+        self.retry_after.retain(|_, until| *until > now);
         if !self.lease.validity.is_valid() {
             return Err(lease_lost("keepalives unanswered"));
         }
@@ -494,7 +501,12 @@ impl Member {
 
         // Take what is ours and free.
         for &partition in &assigned {
-            if self.running.contains_key(&partition) {
+            if self.running.contains_key(&partition)
+                || self
+                    .retry_after
+                    .get(&partition)
+                    .is_some_and(|t| Instant::now() < *t)
+            {
                 continue;
             }
             let since = *self
@@ -659,7 +671,17 @@ impl Member {
                     tracing::warn!(partition, error = %e, "partition fenced; letting go");
                     self.release(partition).await;
                 }
-                (Err(e), _) => return Err(e),
+                (Err(e), _) if e.is_fatal() => return Err(e),
+                (Err(e), stopping) => {
+                    // Its next owner (maybe us again) restores from the last
+                    // recorded checkpoint and replays: nothing is lost.
+                    tracing::warn!(partition, error = %e, "partition stopped; releasing it, retrying later");
+                    self.release(partition).await;
+                    if matches!(stopping, Stopping::No) {
+                        self.retry_after
+                            .insert(partition, Instant::now() + PARTITION_RETRY);
+                    }
+                }
             }
         }
         Ok(())
