@@ -58,11 +58,17 @@ fn etcd_err(op: &'static str, key: &str) -> impl FnOnce(etcd_client::Error) -> E
     }
 }
 
-fn parse_epoch(bytes: &[u8]) -> u64 {
+/// An owner epoch as stored; anything else is an error naming where it was
+/// read and what it held (reading it as 0 would restart the epochs, and the
+/// pacer would then drop the new owner's pushes as stale).
+fn parse_epoch(source: &str, bytes: &[u8]) -> Result<u64> {
     std::str::from_utf8(bytes)
         .ok()
         .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
+        .ok_or_else(|| Error::Decode {
+            what: "owner epoch",
+            reason: format!("{source} holds {:?}", String::from_utf8_lossy(bytes)),
+        })
 }
 
 impl CheckpointStore {
@@ -104,7 +110,7 @@ impl CheckpointStore {
                     .map_err(etcd_err("get", epoch_key))?;
                 let (epoch, compare) = match current.kvs().first() {
                     Some(kv) => (
-                        parse_epoch(kv.value()),
+                        parse_epoch(epoch_key, kv.value())?,
                         Compare::mod_revision(
                             epoch_key.as_str(),
                             CompareOp::Equal,
@@ -131,7 +137,7 @@ impl CheckpointStore {
                 let _lock = lock_dir(dir)?;
                 let path = dir.join("epoch");
                 let epoch = match std::fs::read(&path) {
-                    Ok(bytes) => parse_epoch(&bytes),
+                    Ok(bytes) => parse_epoch(&path.display().to_string(), &bytes)?,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
                     Err(e) => return Err(Error::io("read", &path)(e)),
                 };
@@ -152,16 +158,15 @@ impl CheckpointStore {
                     .get(epoch_key.as_str(), None)
                     .await
                     .map_err(etcd_err("get", epoch_key))?;
-                Ok(response
-                    .kvs()
-                    .first()
-                    .map(|kv| parse_epoch(kv.value()))
-                    .unwrap_or(0))
+                match response.kvs().first() {
+                    Some(kv) => parse_epoch(epoch_key, kv.value()),
+                    None => Ok(0),
+                }
             }
             CheckpointStore::Local { dir, .. } => {
                 let path = dir.join("epoch");
                 match std::fs::read(&path) {
-                    Ok(bytes) => Ok(parse_epoch(&bytes)),
+                    Ok(bytes) => parse_epoch(&path.display().to_string(), &bytes),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
                     Err(e) => Err(Error::io("read", &path)(e)),
                 }
@@ -245,8 +250,8 @@ impl CheckpointStore {
                 let current = {
                     let path = dir.join("epoch");
                     std::fs::read(&path)
-                        .map(|b| parse_epoch(&b))
-                        .map_err(Error::io("read", &path))?
+                        .map_err(Error::io("read", &path))
+                        .and_then(|b| parse_epoch(&path.display().to_string(), &b))?
                 };
                 if current != record.epoch {
                     return Err(Error::Fenced {
@@ -312,6 +317,27 @@ mod tests {
             lineage: "l".into(),
             created_ms: 0,
         }
+    }
+
+    #[tokio::test]
+    async fn a_garbled_epoch_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = CheckpointStore::open(&[], dir.path(), "all").await.unwrap();
+        store.acquire_epoch().await.unwrap();
+        let path = dir.path().join("checkpoint").join("epoch");
+        std::fs::write(&path, b"x7").unwrap();
+        for err in [
+            store.acquire_epoch().await.unwrap_err(),
+            store.current_epoch().await.unwrap_err(),
+        ] {
+            let text = err.to_string();
+            assert!(
+                text.contains("owner epoch") && text.contains("\"x7\""),
+                "{text}"
+            );
+            assert!(text.contains(&path.display().to_string()), "{text}");
+        }
+        assert_eq!(std::fs::read(&path).unwrap(), b"x7", "nothing overwritten");
     }
 
     #[tokio::test]
