@@ -243,8 +243,6 @@ struct Member {
     wanted_since: HashMap<u32, Instant>,
     /// The last owner seen for each partition.
     last_owner: HashMap<u32, String>,
-    /// Released partitions whose owner key could not be deleted yet.
-    to_release: BTreeSet<u32>,
     /// Partitions not to claim again before the given time.
     retry_after: HashMap<u32, Instant>,
     started_tx: mpsc::Sender<(u32, Started)>,
@@ -268,7 +266,6 @@ impl Member {
             assigned: BTreeSet::new(),
             wanted_since: HashMap::new(),
             last_owner: HashMap::new(),
-            to_release: BTreeSet::new(),
             retry_after: HashMap::new(),
             started_tx,
             started_rx,
@@ -314,7 +311,17 @@ impl Member {
                 _ = changed.notified() => {}
                 _ = ticker.tick() => {}
             }
-            match self.reconcile().await {
+            // Bounded, so a hanging etcd call cannot keep the loop from
+            // noticing a lost lease; every step is safe to cut short.
+            match tokio::time::timeout(self.ctx.ttl / 2, self.reconcile())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::Common(adspend_common::Error::Etcd {
+                        op: "reconcile",
+                        key: "/adspend/".into(),
+                        reason: "timed out".into(),
+                    }))
+                }) {
                 Ok(()) => {}
                 Err(Error::LeaseLost { shard }) => break Ok(Served::LeaseLost(shard)),
                 Err(e @ Error::Common(adspend_common::Error::Etcd { .. })) => {
@@ -493,9 +500,14 @@ impl Member {
                 running.stopping = Stopping::Handover(Instant::now());
             }
         }
-        for partition in std::mem::take(&mut self.to_release) {
-            if !self.running.contains_key(&partition) && self.holds(owners.get(&partition)) {
-                self.release(partition).await;
+        // Owner keys we hold for partitions we neither run nor are assigned:
+        // a release that failed or was cut short. Let them go now.
+        for (partition, owner) in &owners {
+            if self.holds(Some(owner))
+                && !self.running.contains_key(partition)
+                && !assigned.contains(partition)
+            {
+                self.release(*partition).await;
             }
         }
 
@@ -553,7 +565,7 @@ impl Member {
     }
 
     /// Delete our owner key (only if it is still ours, under this lease).
-    async fn release(&mut self, partition: u32) {
+    async fn release(&self, partition: u32) {
         let key = owner_key(partition);
         let txn = Txn::new()
             .when(vec![
@@ -564,10 +576,8 @@ impl Member {
         let mut etcd = self.ctx.etcd.clone();
         match etcd.txn(txn).await {
             Ok(_) => tracing::info!(partition, "partition released"),
-            Err(e) => {
-                tracing::warn!(partition, error = %e, "releasing the partition failed; retrying");
-                self.to_release.insert(partition);
-            }
+            // The next reconcile finds the key still ours and tries again.
+            Err(e) => tracing::warn!(partition, error = %e, "releasing the partition failed"),
         }
     }
 
