@@ -144,7 +144,7 @@ pub async fn run(
         last_applied_seq = last_applied,
         checkpoint = record.as_ref().map(|r| r.checkpoint_id),
         snapshots = snapshots.url(),
-        "shard running"
+        "aggregator running"
     );
 
     let cancel = stop.token.child_token();
