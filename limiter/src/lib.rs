@@ -35,10 +35,12 @@ pub use config::Config;
 use emit::{Input, Output};
 pub use error::Error;
 
-/// How long JetStream waits for an acknowledgement before redelivering. Short,
-/// so that input a stopped limiter had pulled is redelivered soon; a chunk is
-/// always acknowledged well within it.
-const ACK_WAIT: Duration = Duration::from_secs(10);
+/// How long JetStream waits for an acknowledgement before redelivering: the
+/// time a limiter that died holding input delays that input. Short; a chunk
+/// whose output takes longer to publish is kept by progress acknowledgements
+/// every [`PROGRESS_EVERY`] instead.
+const ACK_WAIT: Duration = Duration::from_millis(1_500);
+const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Longest wait for one round of publishes (or the input ack) to be confirmed.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(15);
@@ -60,19 +62,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         consumer: config.consumer.clone(),
         reason,
     };
+    // Create or update: a consumer made by an older limiter gets the
+    // current ack wait.
     let consumer: consumer::PullConsumer = impressions
-        .get_or_create_consumer(
-            &config.consumer,
-            consumer::pull::Config {
-                durable_name: Some(config.consumer.clone()),
-                // Explicit, never All: acking a later message must not acknowledge
-                // earlier ones that a stopped limiter pulled but never handled.
-                ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: ACK_WAIT,
-                max_ack_pending: 100_000,
-                ..Default::default()
-            },
-        )
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some(config.consumer.clone()),
+            // Explicit, never All: acking a later message must not acknowledge
+            // earlier ones that a stopped limiter pulled but never handled.
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: ACK_WAIT,
+            max_ack_pending: 100_000,
+            ..Default::default()
+        })
         .await
         .map_err(|e| consumer_err(e.to_string()))?;
     let messages = consumer
@@ -168,7 +169,24 @@ impl Limiter {
                 &catalog,
             );
         }
-        if let Publish::Abandoned = self.publish_output(&out, source_ms).await {
+        let publish = self.publish_output(&out, source_ms);
+        tokio::pin!(publish);
+        let mut progress =
+            tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+        let published = loop {
+            tokio::select! {
+                published = &mut publish => break published,
+                // Still publishing (NATS slow or away): tell JetStream the
+                // input is in hand, so it is not redelivered meanwhile.
+                _ = progress.tick() => {
+                    let acks = futures::future::join_all(
+                        received.iter().map(|m| m.ack_with(jetstream::AckKind::Progress)),
+                    );
+                    let _ = tokio::time::timeout(PROGRESS_EVERY, acks).await;
+                }
+            }
+        };
+        if let Publish::Abandoned = published {
             return;
         }
         failpoint::hit("limiter.after_publish");
