@@ -3,6 +3,7 @@
 
 mod catalog_watch;
 mod chaos;
+mod cluster;
 mod config_errors;
 mod dashboard;
 mod deadletter;

@@ -7,6 +7,7 @@
 pub mod bench;
 pub mod chaos;
 pub mod check;
+pub mod cluster;
 pub mod harness;
 pub mod pipeline;
 pub mod sim;

@@ -1,0 +1,477 @@
+//! Faults on the docker-compose cluster (deploy/docker-compose.yml): real
+//! containers, killed, paused, cut off from etcd, scaled, while the simulator
+//! publishes with duplicates; every scenario ends with the pacer equal to the
+//! ground truth for every limit, and prints what it measured.
+//!
+//! They need Docker and the images (`bash scripts/cluster.sh images`), use
+//! host ports 4222 and 8080, and must run one at a time: `scripts/test.sh`
+//! runs them in their own phase (`cluster::docker_`, `--test-threads=1`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use adspend_tests::cluster::{
+    metric_value, settle_exact, shards, wait_applied, Cluster, Monotonic, Shard, Traffic,
+    AGGREGATORS, PARTITIONS,
+};
+use adspend_tests::sim::{generate_catalog, Catalog, CatalogSpec};
+
+const SETTLE: Duration = Duration::from_secs(150);
+const TAKEOVER: Duration = Duration::from_secs(90);
+/// Events per second: the 2-core CI machine runs 15 containers besides.
+const RATE: f64 = 1500.0;
+const AGGREGATOR_METRICS: u16 = 9102;
+
+fn catalog(seed: u64) -> Catalog {
+    generate_catalog(&CatalogSpec::for_ads(200), seed).expect("catalog")
+}
+
+fn figure(line: &str) {
+    println!("cluster figure: {line}");
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+/// Polls the partition owners in etcd until `done` accepts them.
+async fn wait_owners(
+    cluster: &Cluster,
+    timeout: Duration,
+    what: &str,
+    mut done: impl FnMut(&BTreeMap<u32, String>) -> bool,
+) -> BTreeMap<u32, String> {
+    let started = Instant::now();
+    let mut last = BTreeMap::new();
+    while started.elapsed() < timeout {
+        if let Ok(owners) = cluster.owners().await {
+            if owners.len() == PARTITIONS as usize && done(&owners) {
+                return owners;
+            }
+            last = owners;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("partition owners never became {what} within {timeout:?}; last {last:?}");
+}
+
+/// Owners once all `members` are in the assignment and it held still for 2 s.
+async fn stable_owners(cluster: &Cluster, members: &[&str]) -> BTreeMap<u32, String> {
+    let wanted: BTreeSet<&str> = members.iter().copied().collect();
+    let mut previous: Option<(BTreeMap<u32, String>, Instant)> = None;
+    let started = Instant::now();
+    loop {
+        let owners = wait_owners(cluster, TAKEOVER, "the wanted members", |o| {
+            o.values().map(String::as_str).collect::<BTreeSet<_>>() == wanted
+        })
+        .await;
+        match &previous {
+            Some((p, since)) if *p == owners && since.elapsed() >= Duration::from_secs(2) => {
+                return owners
+            }
+            Some((p, _)) if *p == owners => {}
+            _ => previous = Some((owners, Instant::now())),
+        }
+        assert!(
+            started.elapsed() < TAKEOVER,
+            "the assignment over {members:?} never held still"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn partitions_of(owners: &BTreeMap<u32, String>, member: &str) -> Vec<u32> {
+    owners
+        .iter()
+        .filter(|(_, o)| o.as_str() == member)
+        .map(|(p, _)| *p)
+        .collect()
+}
+
+async fn shards_now(partitions: &[u32]) -> BTreeMap<u32, Shard> {
+    let all = shards(&http()).await.expect("pacer /v1/shards");
+    partitions
+        .iter()
+        .map(|p| {
+            (
+                *p,
+                *all.get(p).unwrap_or_else(|| panic!("pacer has no p{p}")),
+            )
+        })
+        .collect()
+}
+
+/// Sum of a histogram's `_sum` and `_count` series over every aggregator that answers.
+async fn histogram(cluster: &Cluster, members: &[&str], name: &str) -> (f64, f64) {
+    let (mut sum, mut count) = (0.0, 0.0);
+    for member in members {
+        if let Ok(body) = cluster.metrics(member, AGGREGATOR_METRICS).await {
+            sum += metric_value(&body, &format!("{name}_sum")).unwrap_or(0.0);
+            count += metric_value(&body, &format!("{name}_count")).unwrap_or(0.0);
+        }
+    }
+    (sum, count)
+}
+
+async fn settle(catalog: &Catalog, traffic: Traffic, test: &str) {
+    let truth = traffic.finish().await.expect("simulator run");
+    let (_, summary) = settle_exact(catalog, &truth, SETTLE)
+        .await
+        .unwrap_or_else(|e| panic!("{test}: {e:#}"));
+    figure(&format!("{test}: {summary}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_all_up_exact() {
+    let catalog = catalog(21);
+    let cluster = Cluster::start(&catalog).await.expect("cluster");
+    let owners = stable_owners(&cluster, &AGGREGATORS).await;
+    for member in AGGREGATORS {
+        assert!(
+            !partitions_of(&owners, member).is_empty(),
+            "{member} owns nothing: {owners:?}"
+        );
+    }
+    let started = Instant::now();
+    let traffic = Traffic::start(&catalog, 20_000, RATE, 1).await.unwrap();
+    settle(&catalog, traffic, "all up").await;
+    figure(&format!(
+        "all up: 20000 events at {RATE}/s, published and settled in {:.1}s",
+        started.elapsed().as_secs_f64()
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_kill_aggregator_failover() {
+    let catalog = catalog(22);
+    let cluster = Cluster::start(&catalog).await.expect("cluster");
+    stable_owners(&cluster, &AGGREGATORS).await;
+    let traffic = Traffic::start(&catalog, 40_000, RATE, 2).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let victim = "aggregator2";
+    let owned = partitions_of(&cluster.owners().await.unwrap(), victim);
+    assert!(!owned.is_empty(), "{victim} owns no partition");
+    let before = shards_now(&owned).await;
+    let killed_at = Instant::now();
+    let state = cluster.kill(victim).await.expect("docker kill");
+    assert_eq!(state.exit_code, 137, "not SIGKILLed: {state:?}");
+    let takeover = wait_applied(&http(), &before, killed_at, TAKEOVER)
+        .await
+        .expect("takeover");
+    figure(&format!(
+        "kill {victim}: failover (kill -> applied under a new epoch): {}",
+        takeover.render()
+    ));
+    let owners = wait_owners(&cluster, TAKEOVER, "free of the victim", |o| {
+        o.values().all(|m| m != victim)
+    })
+    .await;
+    assert!(!cluster.members().await.unwrap().iter().any(|m| m == victim));
+    assert!(
+        !cluster.state(victim).await.unwrap().running,
+        "{victim} came back by itself"
+    );
+    let survivors = ["aggregator1", "aggregator3"];
+    let (sum, count) = histogram(&cluster, &survivors, "adspend_aggregator_failover_seconds").await;
+    assert!(count >= 1.0, "no failover recorded by {survivors:?}");
+    figure(&format!(
+        "kill {victim}: adspend_aggregator_failover_seconds on the survivors: {count} takeovers, mean {:.2}s; owners now {owners:?}",
+        sum / count
+    ));
+    settle(&catalog, traffic, "kill aggregator").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_pause_aggregator_fenced() {
+    let catalog = catalog(23);
+    let cluster = Cluster::start(&catalog).await.expect("cluster");
+    stable_owners(&cluster, &AGGREGATORS).await;
+    let monotonic = Monotonic::start();
+    let traffic = Traffic::start(&catalog, 60_000, RATE, 3).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let victim = "aggregator3";
+    let owned = partitions_of(&cluster.owners().await.unwrap(), victim);
+    assert!(!owned.is_empty(), "{victim} owns no partition");
+    let before = shards_now(&owned).await;
+    let paused_at = Instant::now();
+    cluster.pause(victim).await.expect("docker pause");
+    let takeover = wait_applied(&http(), &before, paused_at, TAKEOVER)
+        .await
+        .expect("takeover of a paused member");
+    assert!(
+        cluster.state(victim).await.unwrap().paused,
+        "{victim} was not paused throughout"
+    );
+    figure(&format!(
+        "pause {victim}: takeover (pause -> applied under a new epoch): {}",
+        takeover.render()
+    ));
+
+    cluster.unpause(victim).await.expect("docker unpause");
+    let unpaused_at = Instant::now();
+    // Once the new owners have checkpointed, the stale epochs must never
+    // come back in the records, whatever the unpaused member tries.
+    let mut newer_seen: BTreeSet<u32> = BTreeSet::new();
+    let mut polls = 0;
+    while unpaused_at.elapsed() < Duration::from_secs(15) || newer_seen.len() < owned.len() {
+        assert!(
+            unpaused_at.elapsed() < TAKEOVER,
+            "the new owners of {owned:?} wrote no checkpoint; records seen: {newer_seen:?}"
+        );
+        let records = cluster.checkpoints().await.expect("checkpoint records");
+        polls += 1;
+        for p in &owned {
+            let old_epoch = before[p].epoch;
+            let Some((epoch, _)) = records.get(p) else {
+                continue;
+            };
+            if *epoch > old_epoch {
+                newer_seen.insert(*p);
+            } else {
+                assert!(
+                    !newer_seen.contains(p),
+                    "p{p}: checkpoint record went back to epoch {epoch} (stale owner wrote it)"
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let logs = cluster.logs(victim, 400).await.unwrap();
+    let fenced: Vec<&str> = logs
+        .lines()
+        .filter(|l| {
+            ["lease lost", "fenced", "no longer ours", "keepalive"]
+                .iter()
+                .any(|w| l.contains(w))
+        })
+        .collect();
+    assert!(
+        !fenced.is_empty(),
+        "{victim} logged nothing about losing its lease:\n{logs}"
+    );
+    settle(&catalog, traffic, "pause aggregator").await;
+    let (samples, backwards) = monotonic.finish().await;
+    assert!(samples > 20, "only {samples} pacer samples");
+    assert!(
+        backwards.is_empty(),
+        "pacer values moved backwards: {backwards:?}"
+    );
+    figure(&format!(
+        "pause {victim}: {polls} checkpoint-record polls after unpause, no stale epoch; \
+         {samples} pacer samples, none backwards; the victim logged: {}",
+        fenced.first().map_or("", |l| l.trim())
+    ));
+}
+
+/// The member id of etcd's current leader, as a compose service name.
+async fn etcd_leader(cluster: &Cluster) -> String {
+    let out = cluster
+        .etcdctl(&["endpoint", "status", "--cluster", "-w", "json"])
+        .await
+        .expect("etcdctl endpoint status");
+    let statuses: serde_json::Value = serde_json::from_str(&out).expect("endpoint status json");
+    let statuses = statuses.as_array().expect("array");
+    let leader = statuses[0]["Status"]["leader"].as_u64().expect("leader id");
+    let endpoint = statuses
+        .iter()
+        .find(|s| s["Status"]["header"]["member_id"].as_u64() == Some(leader))
+        .and_then(|s| s["Endpoint"].as_str())
+        .expect("the leader's endpoint");
+    endpoint
+        .trim_start_matches("http://")
+        .split(':')
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_kill_nats_and_etcd_node() {
+    let catalog = catalog(24);
+    let cluster = Cluster::start(&catalog).await.expect("cluster");
+    stable_owners(&cluster, &AGGREGATORS).await;
+    let traffic = Traffic::start(&catalog, 45_000, RATE, 4).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    // nats1 carries the host's port 4222 (the simulator's connection); nats3
+    // is as much a stream replica as it.
+    let state = cluster.kill("nats3").await.expect("kill nats3");
+    assert!(!state.running);
+    let leader = etcd_leader(&cluster).await;
+    let records_before = cluster.checkpoints().await.expect("checkpoints");
+    let killed_at = Instant::now();
+    let state = cluster.kill(&leader).await.expect("kill the etcd leader");
+    assert!(!state.running);
+    // Quorum holds: every partition checkpoints again past its record.
+    let mut advanced: BTreeMap<u32, Duration> = BTreeMap::new();
+    while advanced.len() < PARTITIONS as usize {
+        assert!(
+            killed_at.elapsed() < TAKEOVER,
+            "checkpoints stopped after killing {leader}: advanced {advanced:?}"
+        );
+        if let Ok(records) = cluster.checkpoints().await {
+            for (p, (_, seq)) in &records {
+                let old = records_before.get(p).map_or(0, |r| r.1);
+                if *seq > old {
+                    advanced.entry(*p).or_insert(killed_at.elapsed());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let slowest = advanced.values().max().unwrap();
+    figure(&format!(
+        "kill nats3 and the etcd leader {leader}: every partition checkpointed again within {:.2}s",
+        slowest.as_secs_f64()
+    ));
+    assert!(!cluster.state("nats3").await.unwrap().running);
+    assert!(!cluster.state(&leader).await.unwrap().running);
+    settle(&catalog, traffic, "kill nats3 + etcd leader").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_aggregator_cut_off_from_etcd() {
+    let catalog = catalog(25);
+    let cluster = Cluster::start(&catalog).await.expect("cluster");
+    stable_owners(&cluster, &AGGREGATORS).await;
+    let monotonic = Monotonic::start();
+    let traffic = Traffic::start(&catalog, 45_000, RATE, 5).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let victim = "aggregator1";
+    let owned = partitions_of(&cluster.owners().await.unwrap(), victim);
+    assert!(!owned.is_empty(), "{victim} owns no partition");
+    let gauge = "adspend_aggregator_owned_partitions";
+    let body = cluster.metrics(victim, AGGREGATOR_METRICS).await.unwrap();
+    assert_eq!(
+        metric_value(&body, gauge),
+        Some(owned.len() as f64),
+        "{gauge} before the cut"
+    );
+    let before = shards_now(&owned).await;
+    let cut_at = Instant::now();
+    let state = cluster
+        .disconnect(victim, "control")
+        .await
+        .expect("disconnect");
+    assert!(state.running && state.networks == ["data"], "{state:?}");
+    let takeover = wait_applied(&http(), &before, cut_at, TAKEOVER)
+        .await
+        .expect("takeover of the cut-off member's partitions");
+    figure(&format!(
+        "cut {victim} off etcd: takeover: {}",
+        takeover.render()
+    ));
+    // It stops applying by itself: its owned-partitions gauge drops to 0.
+    let mut stopped_after = None;
+    while cut_at.elapsed() < TAKEOVER {
+        let body = cluster.metrics(victim, AGGREGATOR_METRICS).await.unwrap();
+        if metric_value(&body, gauge) == Some(0.0) {
+            stopped_after = Some(cut_at.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let stopped_after =
+        stopped_after.unwrap_or_else(|| panic!("{victim} still reports owned partitions"));
+    let logs = cluster.logs(victim, 400).await.unwrap();
+    let lost: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("lease") || l.contains("fenced") || l.contains("no longer ours"))
+        .collect();
+    assert!(
+        !lost.is_empty(),
+        "{victim} logged nothing about its lease:\n{logs}"
+    );
+    figure(&format!(
+        "cut {victim} off etcd: it reported 0 owned partitions {:.2}s after the cut; it logged: {}",
+        stopped_after.as_secs_f64(),
+        lost.first().map_or("", |l| l.trim())
+    ));
+    cluster.connect(victim, "control").await.expect("reconnect");
+    wait_owners(
+        &cluster,
+        TAKEOVER,
+        "shared with the reconnected member again",
+        |o| o.values().any(|m| m == victim),
+    )
+    .await;
+    settle(&catalog, traffic, "aggregator cut off from etcd").await;
+    let (samples, backwards) = monotonic.finish().await;
+    assert!(
+        backwards.is_empty(),
+        "pacer values moved backwards: {backwards:?}"
+    );
+    figure(&format!(
+        "cut off from etcd: {samples} pacer samples, none backwards"
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_scale_aggregators() {
+    let catalog = catalog(26);
+    let cluster = Cluster::start(&catalog).await.expect("cluster");
+    let owners3 = stable_owners(&cluster, &AGGREGATORS).await;
+    let monotonic = Monotonic::start();
+    let traffic = Traffic::start(&catalog, 70_000, RATE, 6).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+
+    // 3 -> 4
+    let all: Vec<u32> = (0..PARTITIONS).collect();
+    let before = shards_now(&all).await;
+    let scaled_at = Instant::now();
+    cluster.up("aggregator4").await.expect("start aggregator4");
+    let four = ["aggregator1", "aggregator2", "aggregator3", "aggregator4"];
+    let owners4 = stable_owners(&cluster, &four).await;
+    let moved: BTreeMap<u32, Shard> = owners4
+        .iter()
+        .filter(|(p, o)| owners3.get(p) != Some(o))
+        .map(|(p, _)| (*p, before[p]))
+        .collect();
+    assert!(!moved.is_empty(), "nothing moved to aggregator4");
+    let handover = wait_applied(&http(), &moved, scaled_at, TAKEOVER)
+        .await
+        .expect("handover to aggregator4");
+    figure(&format!("scale 3 -> 4: {}", handover.render()));
+
+    // 4 -> 2: clean shutdowns hand their partitions over.
+    let before = shards_now(&all).await;
+    let scaled_at = Instant::now();
+    for member in ["aggregator3", "aggregator4"] {
+        let state = cluster.stop(member).await.expect("stop");
+        assert_eq!(
+            state.exit_code, 0,
+            "{member} did not shut down cleanly: {state:?}"
+        );
+    }
+    let two = ["aggregator1", "aggregator2"];
+    let owners2 = stable_owners(&cluster, &two).await;
+    let moved: BTreeMap<u32, Shard> = owners2
+        .iter()
+        .filter(|(p, o)| owners4.get(p) != Some(o))
+        .map(|(p, _)| (*p, before[p]))
+        .collect();
+    assert!(moved.len() >= partitions_of(&owners4, "aggregator3").len());
+    let handover = wait_applied(&http(), &moved, scaled_at, TAKEOVER)
+        .await
+        .expect("handover from the stopped members");
+    figure(&format!("scale 4 -> 2: {}", handover.render()));
+    let (sum, count) = histogram(&cluster, &two, "adspend_aggregator_handover_seconds").await;
+    assert!(count >= 1.0, "no handover recorded by {two:?}");
+    figure(&format!(
+        "scale: adspend_aggregator_handover_seconds on aggregator1+2: {count} handovers, mean {:.2}s",
+        sum / count
+    ));
+    settle(&catalog, traffic, "scale 3 -> 4 -> 2").await;
+    let (samples, backwards) = monotonic.finish().await;
+    assert!(
+        backwards.is_empty(),
+        "pacer values moved backwards: {backwards:?}"
+    );
+    figure(&format!("scale: {samples} pacer samples, none backwards"));
+}

@@ -1,0 +1,449 @@
+//! One docker-compose project of deploy/docker-compose.yml, with faults.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use serde_json::Value;
+
+use crate::harness::workspace_root;
+use crate::sim::Catalog;
+
+/// The compose project the tests run (the hand-run cluster is `adspend`, so
+/// `scripts/cluster.sh down` of one never removes the other's volumes).
+pub const PROJECT: &str = "adspendtest";
+/// The aggregators the compose file starts by default.
+pub const AGGREGATORS: [&str; 3] = ["aggregator1", "aggregator2", "aggregator3"];
+const ALL_SERVICES: [&str; 15] = [
+    "nats1",
+    "nats2",
+    "nats3",
+    "etcd1",
+    "etcd2",
+    "etcd3",
+    "s3",
+    "limiter1",
+    "limiter2",
+    "aggregator1",
+    "aggregator2",
+    "aggregator3",
+    "aggregator4",
+    "pacer1",
+    "pacer2",
+];
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What `docker inspect` says about a service's container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerState {
+    /// created, running, paused, restarting, exited, dead
+    pub status: String,
+    pub running: bool,
+    pub paused: bool,
+    pub exit_code: i64,
+    /// Compose network names (`data`, `control`) the container is attached to.
+    pub networks: Vec<String>,
+    /// Its address on the `data` network, reachable from the host.
+    pub data_ip: Option<String>,
+}
+
+/// A running project. Dropping it removes containers, networks and volumes,
+/// after printing the services' last log lines if the test is panicking.
+pub struct Cluster {
+    root: PathBuf,
+    /// Holds the catalog file the project was started with.
+    _dir: tempfile::TempDir,
+    http: reqwest::Client,
+}
+
+impl Cluster {
+    /// Starts the project with `catalog` in etcd through `scripts/cluster.sh
+    /// start`; returns when pacer1 answers on 127.0.0.1:8080 and every
+    /// service is healthy. A project left over from an interrupted run is
+    /// removed first.
+    pub async fn start(catalog: &Catalog) -> anyhow::Result<Cluster> {
+        let dir = tempfile::tempdir().context("tempdir")?;
+        let catalog_path = dir.path().join("catalog.json");
+        catalog.save(&catalog_path)?;
+        let cluster = Cluster {
+            root: workspace_root(),
+            _dir: dir,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()?,
+        };
+        cluster.down().await?;
+        eprintln!("cluster: starting project {PROJECT}");
+        let status = tokio::process::Command::new("bash")
+            .arg(cluster.root.join("scripts/cluster.sh"))
+            .arg("start")
+            .arg(&catalog_path)
+            .env("ADSPEND_CLUSTER_PROJECT", PROJECT)
+            .status()
+            .await
+            .context("running scripts/cluster.sh start")?;
+        ensure!(
+            status.success(),
+            "scripts/cluster.sh start failed ({status}); are the images built (bash scripts/cluster.sh images)?"
+        );
+        Ok(cluster)
+    }
+
+    async fn run(&self, program: &str, args: &[&str]) -> anyhow::Result<String> {
+        let output = tokio::time::timeout(
+            COMMAND_TIMEOUT,
+            tokio::process::Command::new(program)
+                .args(args)
+                .current_dir(&self.root)
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .with_context(|| format!("{program} {} timed out", args.join(" ")))?
+        .with_context(|| format!("running {program}"))?;
+        ensure!(
+            output.status.success(),
+            "{program} {} failed ({}): {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    fn compose_args<'a>(&self, args: &[&'a str]) -> Vec<&'a str> {
+        let mut all = vec![
+            "-f",
+            "deploy/docker-compose.yml",
+            "-p",
+            PROJECT,
+            "--profile",
+            "scale",
+        ];
+        all.extend_from_slice(args);
+        all
+    }
+
+    pub async fn compose(&self, args: &[&str]) -> anyhow::Result<String> {
+        self.run("docker-compose", &self.compose_args(args)).await
+    }
+
+    /// The container id of a service (its only container).
+    pub async fn id(&self, service: &str) -> anyhow::Result<String> {
+        let out = self.compose(&["ps", "-q", service]).await?;
+        out.lines()
+            .next()
+            .map(str::to_owned)
+            .with_context(|| format!("service {service} has no container"))
+    }
+
+    pub async fn state(&self, service: &str) -> anyhow::Result<ContainerState> {
+        let id = self.id(service).await?;
+        let out = self.run("docker", &["inspect", &id]).await?;
+        let inspect: Value = serde_json::from_str(&out).context("docker inspect output")?;
+        let c = &inspect[0];
+        let state = &c["State"];
+        let prefix = format!("{PROJECT}_");
+        let networks = c["NetworkSettings"]["Networks"]
+            .as_object()
+            .map(|n| n.iter().collect::<Vec<_>>())
+            .unwrap_or_default();
+        Ok(ContainerState {
+            status: state["Status"].as_str().unwrap_or("?").to_owned(),
+            running: state["Running"].as_bool().unwrap_or(false),
+            paused: state["Paused"].as_bool().unwrap_or(false),
+            exit_code: state["ExitCode"].as_i64().unwrap_or(-1),
+            networks: networks
+                .iter()
+                .map(|(name, _)| name.strip_prefix(&prefix).unwrap_or(name).to_owned())
+                .collect(),
+            data_ip: networks
+                .iter()
+                .find(|(name, _)| name.strip_prefix(&prefix) == Some("data"))
+                .and_then(|(_, n)| n["IPAddress"].as_str())
+                .filter(|ip| !ip.is_empty())
+                .map(str::to_owned),
+        })
+    }
+
+    /// `docker kill` (SIGKILL); checks the container is no longer running.
+    pub async fn kill(&self, service: &str) -> anyhow::Result<ContainerState> {
+        let id = self.id(service).await?;
+        self.run("docker", &["kill", &id]).await?;
+        let state = self.state(service).await?;
+        ensure!(
+            !state.running,
+            "{service} still running after docker kill: {state:?}"
+        );
+        Ok(state)
+    }
+
+    /// `docker pause` (cgroup freezer); checks the container is paused.
+    pub async fn pause(&self, service: &str) -> anyhow::Result<ContainerState> {
+        let id = self.id(service).await?;
+        self.run("docker", &["pause", &id]).await?;
+        let state = self.state(service).await?;
+        ensure!(
+            state.paused,
+            "{service} not paused after docker pause: {state:?}"
+        );
+        Ok(state)
+    }
+
+    pub async fn unpause(&self, service: &str) -> anyhow::Result<ContainerState> {
+        let id = self.id(service).await?;
+        self.run("docker", &["unpause", &id]).await?;
+        let state = self.state(service).await?;
+        ensure!(
+            state.running && !state.paused,
+            "{service} not running after docker unpause: {state:?}"
+        );
+        Ok(state)
+    }
+
+    /// `docker-compose stop` (SIGTERM, then SIGKILL after 30 s); checks it
+    /// exited and returns its state (exit code 0 = clean shutdown).
+    pub async fn stop(&self, service: &str) -> anyhow::Result<ContainerState> {
+        self.compose(&["stop", "-t", "30", service]).await?;
+        let state = self.state(service).await?;
+        ensure!(
+            !state.running,
+            "{service} still running after stop: {state:?}"
+        );
+        Ok(state)
+    }
+
+    /// Creates (if needed) and starts a service's container, as `scripts/cluster.sh scale` does.
+    pub async fn up(&self, service: &str) -> anyhow::Result<ContainerState> {
+        self.compose(&["up", "-d", "--no-recreate", "--no-deps", service])
+            .await?;
+        let state = self.state(service).await?;
+        ensure!(state.running, "{service} not running after up: {state:?}");
+        Ok(state)
+    }
+
+    /// Detaches a service from one of the compose networks (`data`, `control`).
+    pub async fn disconnect(&self, service: &str, network: &str) -> anyhow::Result<ContainerState> {
+        let id = self.id(service).await?;
+        let net = format!("{PROJECT}_{network}");
+        self.run("docker", &["network", "disconnect", &net, &id])
+            .await?;
+        let state = self.state(service).await?;
+        ensure!(
+            !state.networks.iter().any(|n| n == network),
+            "{service} still on {network}: {state:?}"
+        );
+        Ok(state)
+    }
+
+    pub async fn connect(&self, service: &str, network: &str) -> anyhow::Result<ContainerState> {
+        let id = self.id(service).await?;
+        let net = format!("{PROJECT}_{network}");
+        // Same DNS name as compose gives it, so the others find it again.
+        self.run(
+            "docker",
+            &["network", "connect", "--alias", service, &net, &id],
+        )
+        .await?;
+        let state = self.state(service).await?;
+        ensure!(
+            state.networks.iter().any(|n| n == network),
+            "{service} not on {network}: {state:?}"
+        );
+        Ok(state)
+    }
+
+    /// Waits until the service's health check passes.
+    pub async fn wait_healthy(&self, service: &str, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let id = self.id(service).await?;
+            let health = self
+                .run(
+                    "docker",
+                    &[
+                        "inspect",
+                        "-f",
+                        "{{if .State.Health}}{{.State.Health.Status}}{{end}}",
+                        &id,
+                    ],
+                )
+                .await?;
+            if health.trim() == "healthy" {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!(
+                    "{service} not healthy after {timeout:?} (health: {})",
+                    health.trim()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// `etcdctl ARGS` inside the first etcd container that answers.
+    pub async fn etcdctl(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut last = anyhow::anyhow!("no etcd container is running");
+        for etcd in ["etcd1", "etcd2", "etcd3"] {
+            let Ok(state) = self.state(etcd).await else {
+                continue;
+            };
+            if !state.running || state.paused {
+                continue;
+            }
+            let id = self.id(etcd).await?;
+            let mut full = vec!["exec", id.as_str(), "etcdctl", "--command-timeout=3s"];
+            full.extend_from_slice(args);
+            match self.run("docker", &full).await {
+                Ok(out) => return Ok(out),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Every key under `prefix` with its (single-line) value.
+    pub async fn etcd_prefix(&self, prefix: &str) -> anyhow::Result<BTreeMap<String, String>> {
+        let out = self.etcdctl(&["get", "--prefix", prefix]).await?;
+        let lines: Vec<&str> = out.lines().collect();
+        ensure!(
+            lines.len().is_multiple_of(2),
+            "etcdctl get --prefix {prefix}: odd output (multi-line value?)"
+        );
+        Ok(lines
+            .chunks(2)
+            .map(|kv| (kv[0].to_owned(), kv[1].to_owned()))
+            .collect())
+    }
+
+    /// Partition → owning member id, from `/adspend/partitions/<p>/owner`.
+    pub async fn owners(&self) -> anyhow::Result<BTreeMap<u32, String>> {
+        let mut owners = BTreeMap::new();
+        for (key, value) in self.etcd_prefix("/adspend/partitions/").await? {
+            if let Some(p) = key
+                .strip_prefix("/adspend/partitions/")
+                .and_then(|k| k.strip_suffix("/owner"))
+            {
+                owners.insert(p.parse().context("partition number")?, value);
+            }
+        }
+        Ok(owners)
+    }
+
+    /// Live members, from `/adspend/members/<id>`.
+    pub async fn members(&self) -> anyhow::Result<Vec<String>> {
+        Ok(self
+            .etcd_prefix("/adspend/members/")
+            .await?
+            .keys()
+            .filter_map(|k| k.strip_prefix("/adspend/members/").map(str::to_owned))
+            .collect())
+    }
+
+    /// Partition → (epoch, seq) of its checkpoint record in etcd.
+    pub async fn checkpoints(&self) -> anyhow::Result<BTreeMap<u32, (u64, u64)>> {
+        let mut records = BTreeMap::new();
+        for (key, value) in self.etcd_prefix("/adspend/shards/").await? {
+            let Some(p) = key
+                .strip_prefix("/adspend/shards/p")
+                .and_then(|k| k.strip_suffix("/checkpoint"))
+            else {
+                continue;
+            };
+            let record: Value = serde_json::from_str(&value)
+                .with_context(|| format!("checkpoint record {key}: {value}"))?;
+            let field = |name: &str| {
+                record[name]
+                    .as_u64()
+                    .with_context(|| format!("{key} has no {name}: {value}"))
+            };
+            records.insert(p.parse()?, (field("epoch")?, field("seq")?));
+        }
+        Ok(records)
+    }
+
+    /// The service's Prometheus text, fetched over the `data` network.
+    pub async fn metrics(&self, service: &str, port: u16) -> anyhow::Result<String> {
+        let state = self.state(service).await?;
+        let ip = state
+            .data_ip
+            .with_context(|| format!("{service} has no address on the data network"))?;
+        let url = format!("http://{ip}:{port}/metrics");
+        let response = self
+            .http
+            .get(&url)
+            .send()
+            .await
+            .with_context(|| url.clone())?;
+        ensure!(
+            response.status().is_success(),
+            "{url}: {}",
+            response.status()
+        );
+        Ok(response.text().await?)
+    }
+
+    /// The last `tail` lines of a service's log.
+    pub async fn logs(&self, service: &str, tail: u32) -> anyhow::Result<String> {
+        let tail = tail.to_string();
+        self.compose(&["logs", "--no-color", "--tail", &tail, service])
+            .await
+    }
+
+    /// Removes the project's containers, networks and volumes.
+    pub async fn down(&self) -> anyhow::Result<()> {
+        self.compose(&["down", "-v", "--remove-orphans", "--timeout", "5"])
+            .await
+            .map(drop)
+    }
+}
+
+/// One value of a Prometheus text exposition, by its full series text
+/// (`name` or `name{labels}`); `None` when absent.
+pub fn metric_value(body: &str, series: &str) -> Option<f64> {
+    body.lines().find_map(|line| {
+        line.strip_prefix(series)
+            .filter(|rest| rest.starts_with(' '))
+            .and_then(|rest| rest.trim().parse().ok())
+    })
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let compose = |args: &[&str]| {
+            std::process::Command::new("docker-compose")
+                .args(self.compose_args(args))
+                .current_dir(&self.root)
+                .status()
+        };
+        if std::thread::panicking() {
+            eprintln!("cluster: the test failed; the services' last log lines follow");
+            let mut args = vec!["logs", "--no-color", "--tail", "40"];
+            args.extend_from_slice(&ALL_SERVICES);
+            let _ = compose(&args);
+        }
+        eprintln!("cluster: removing project {PROJECT}");
+        if let Err(e) = compose(&["down", "-v", "--remove-orphans", "--timeout", "5"]) {
+            eprintln!("cluster: docker-compose down failed: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::metric_value;
+
+    #[test]
+    fn metric_values_by_series() {
+        let body = "# TYPE x gauge\nadspend_aggregator_owned_partitions 5\n\
+                    adspend_aggregator_owned_partitions_max 9\nh_sum{le=\"1\"} 0.25\n";
+        assert_eq!(
+            metric_value(body, "adspend_aggregator_owned_partitions"),
+            Some(5.0)
+        );
+        assert_eq!(metric_value(body, "h_sum{le=\"1\"}"), Some(0.25));
+        assert_eq!(metric_value(body, "missing"), None);
+    }
+}

@@ -1,0 +1,23 @@
+//! The docker-compose cluster under test (deploy/docker-compose.yml).
+//!
+//! `compose` drives the project: it starts it through `scripts/cluster.sh
+//! start` (images built beforehand by `scripts/cluster.sh images`), injects
+//! faults with `docker` (kill, pause, network disconnect, stop, scale),
+//! reports each container's state from `docker inspect` so a test can prove
+//! its fault happened, reads etcd with `etcdctl` inside an etcd container,
+//! and on drop dumps the services' last log lines (after a failure) and
+//! removes containers, networks and volumes. `observe` reads the pacer
+//! (`/v1/shards`, limits) and the aggregators' metrics, watches that nothing
+//! moves backwards, and times takeovers. `traffic` publishes with the
+//! simulator while faults happen and settles the result against the ground
+//! truth.
+
+mod compose;
+mod observe;
+mod traffic;
+
+pub use compose::{metric_value, Cluster, ContainerState, AGGREGATORS, PROJECT};
+pub use observe::{
+    shards, wait_applied, Backwards, Monotonic, Shard, Takeover, PACER_URL, PARTITIONS,
+};
+pub use traffic::{settle_exact, Traffic, NATS_URL};

@@ -1,0 +1,131 @@
+//! Simulator traffic through the cluster, and the exactness check at the end.
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context};
+use async_nats::jetstream;
+use tokio_util::sync::CancellationToken;
+
+use super::observe::PACER_URL;
+use crate::check::{wait_for_match, Comparison};
+use crate::sim::{self, Catalog, SimConfig, Truth};
+use crate::stream_truth::truth_from_stream;
+
+/// nats1's client port as the compose file publishes it.
+pub const NATS_URL: &str = "nats://127.0.0.1:4222";
+
+/// A simulator run in the background (10% duplicates), publishing into the
+/// `IMPRESSIONS` stream the limiters created with three replicas.
+pub struct Traffic {
+    task: tokio::task::JoinHandle<anyhow::Result<Truth>>,
+    cancel: CancellationToken,
+}
+
+impl Traffic {
+    /// Starts `events` events at `rate` per second.
+    pub async fn start(
+        catalog: &Catalog,
+        events: u64,
+        rate: f64,
+        seed: u64,
+    ) -> anyhow::Result<Traffic> {
+        let client = async_nats::connect(NATS_URL)
+            .await
+            .with_context(|| format!("connecting to {NATS_URL}"))?;
+        // The limiters create the stream; the simulator must not create a
+        // single-replica one first.
+        let js = jetstream::new(client.clone());
+        let mut stream = crate::harness::wait_until_ok(
+            Duration::from_secs(60),
+            Duration::from_millis(250),
+            || {
+                let js = js.clone();
+                async move { Ok(js.get_stream(sim::STREAM).await?) }
+            },
+        )
+        .await
+        .context("the limiters did not create IMPRESSIONS")?;
+        let replicas = stream.info().await?.config.num_replicas;
+        ensure!(
+            replicas == 3,
+            "IMPRESSIONS has {replicas} replicas, expected 3"
+        );
+        let config = SimConfig {
+            events: Some(events),
+            rate,
+            duplicate_rate: 0.1,
+            batch: 50,
+            seed,
+            create_stream: false,
+            ..SimConfig::default()
+        };
+        let catalog = catalog.clone();
+        let cancel = CancellationToken::new();
+        let token = cancel.clone();
+        let task = tokio::spawn(async move {
+            let truth = sim::run(&client, &config, &catalog, token).await?;
+            client.flush().await?;
+            Ok(truth)
+        });
+        Ok(Traffic { task, cancel })
+    }
+
+    /// Waits for the run to publish everything and returns its truth.
+    pub async fn finish(self) -> anyhow::Result<Truth> {
+        self.task.await.context("simulator task")?
+    }
+
+    /// Stops publishing early (whatever was acknowledged is in the truth).
+    pub async fn stop(self) -> anyhow::Result<Truth> {
+        self.cancel.cancel();
+        self.finish().await
+    }
+}
+
+/// Settles the pipeline and requires exact totals. The truth is read back
+/// from `IMPRESSIONS` (a publish whose ack was lost to a fault may still
+/// have been stored); every acknowledged event must be in it, and without
+/// failed publishes it must equal the simulator's own truth. Then the pacer
+/// must equal it for every limit. Returns the comparison and a summary line.
+pub async fn settle_exact(
+    catalog: &Catalog,
+    acked: &Truth,
+    timeout: Duration,
+) -> anyhow::Result<(Comparison, String)> {
+    let client = async_nats::connect(NATS_URL).await?;
+    let stream = truth_from_stream(&client, catalog).await?;
+    ensure!(acked.stats.unique_events > 0, "the run published nothing");
+    for (limit, t) in &acked.limits {
+        let in_stream = stream.limits.get(limit).map_or(0, |s| s.lifetime_micros);
+        ensure!(
+            in_stream >= t.lifetime_micros,
+            "acknowledged spend missing from IMPRESSIONS for {limit}: acked {} > stream {in_stream}",
+            t.lifetime_micros
+        );
+    }
+    if acked.stats.messages_failed == 0 {
+        ensure!(
+            stream.limits == acked.limits,
+            "IMPRESSIONS holds other spend than the simulator's acknowledged truth"
+        );
+    }
+    let (comparison, took) = wait_for_match(PACER_URL, &stream, timeout).await?;
+    let mismatches = comparison.mismatches().len();
+    ensure!(
+        mismatches == 0,
+        "{mismatches} limits differ from the truth after {timeout:?}:\n{}",
+        comparison.render(20)
+    );
+    let summary = format!(
+        "exact: {} limits, 0 mismatches, total {} micros; {} events sent ({} duplicates), \
+         {} unique acknowledged; {} publishes failed (outcome read back from the stream); settled {:.1}s after the run",
+        comparison.rows.len(),
+        comparison.total_truth(),
+        acked.stats.events_sent,
+        acked.stats.duplicates_sent,
+        acked.stats.unique_events,
+        acked.stats.messages_failed,
+        took.as_secs_f64()
+    );
+    Ok((comparison, summary))
+}
