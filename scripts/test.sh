@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the test dependencies (nats-server, etcd, protoc, an S3-compatible
 # server) and runs every check CI runs: formatting, clippy, the whole test
-# suite against real NATS / etcd / S3 processes.
+# suite against real NATS / etcd / S3 processes, then (second phase) the
+# fault tests on the docker-compose cluster, one at a time.
+# ADSPEND_SKIP_CLUSTER=1 leaves the cluster phase out (no Docker needed).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -19,10 +21,31 @@ echo "test: cargo test"
 # Integration tests each start their own servers; three at a time fits 2 cores.
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+# The cluster tests (tests/integration/cluster.rs) share host ports and the
+# Docker daemon: they run in their own phase below.
 set +e
-cargo test --workspace --lib --bins --tests "${features[@]}" -- --test-threads=3 2>&1 | tee "$log"
+cargo test --workspace --lib --bins --tests "${features[@]}" -- --test-threads=3 --skip cluster::docker_ 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+if [ "${ADSPEND_SKIP_CLUSTER:-0}" != 1 ]; then
+  echo "test: cluster phase: images (bash scripts/cluster.sh images)"
+  phase_start=$(date +%s)
+  bash scripts/install-deps.sh cluster
+  if bash scripts/cluster.sh images; then
+    echo "test: cluster phase: fault tests on docker-compose, one at a time"
+    set +e
+    cargo test -p adspend-tests --test integration "${features[@]}" -- cluster::docker_ --test-threads=1 --nocapture 2>&1 | tee -a "$log"
+    cluster_status=${PIPESTATUS[0]}
+    set -e
+  else
+    echo "test: cluster phase: building the images failed" | tee -a "$log"
+    echo "1 failed;" >>"$log"
+    cluster_status=1
+  fi
+  [ "$cluster_status" -eq 0 ] || status=$cluster_status
+  ADSPEND_CLUSTER_PROJECT=adspendtest bash scripts/cluster.sh down >/dev/null 2>&1 || true
+  echo "test: cluster phase took $(( $(date +%s) - phase_start ))s"
+fi
 passed=$(grep -Eo '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s += $1} END {print s + 0}')
 echo "tests: $passed passed, $failed failed"
