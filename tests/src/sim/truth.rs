@@ -63,8 +63,8 @@ pub struct Stats {
 }
 
 impl Truth {
-    /// Adds the spend of `other`, a truth over the same catalog whose
-    /// impressions are distinct from this one's.
+    /// Adds the spend and the acknowledged counts of `other`, a truth over
+    /// the same catalog whose impressions are distinct from this one's.
     pub fn absorb(&mut self, other: &Truth) {
         for (limit, theirs) in &other.limits {
             let ours = self.limits.entry(limit.clone()).or_default();
@@ -75,6 +75,8 @@ impl Truth {
         }
         self.stats.unique_events += other.stats.unique_events;
         self.stats.events_acked += other.stats.events_acked;
+        self.stats.messages_acked += other.stats.messages_acked;
+        self.stats.messages_failed += other.stats.messages_failed;
     }
 
     pub fn load(path: &Path) -> anyhow::Result<Self> {
