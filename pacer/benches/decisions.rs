@@ -1,5 +1,6 @@
 //! The bidder's hot path: `decide` for batches of ads against a large
-//! catalog with spend on every limit. Prints decisions/s and batch latency.
+//! catalog with spend on every limit and a full freshness window (10,000
+//! pushes over five minutes). Prints decisions/s and batch latency.
 //!
 //! cargo bench -p adspend-pacer --bench decisions
 
@@ -73,6 +74,34 @@ fn main() {
         },
         now.timestamp_millis(),
     );
+    // Realistic pushes: one every 30 ms over the five-minute lag window,
+    // so it holds its full 10,000 freshness samples as a live pacer's does.
+    let limit_ids: Vec<&str> = catalog.limits.keys().map(|id| &**id).collect();
+    let start_ms = now.timestamp_millis() - 300_000;
+    for i in 0..10_000u64 {
+        let at = start_ms + 30 * i as i64;
+        let limit = limit_ids[(i as usize * 7919) % limit_ids.len()];
+        state.apply(
+            &SumsUpdate {
+                shard: "all".into(),
+                epoch: 1,
+                seq: 2 + i,
+                push_seq: 2 + i,
+                full: false,
+                watermark_ms: at,
+                // Lags of 20 to 420 ms, spread.
+                source_ms: at - 20 - (i * 37 % 400) as i64,
+                entries: vec![SumEntry {
+                    limit: limit.to_string(),
+                    bucket: LIFETIME_BUCKET,
+                    bucket_micros: 0,
+                    lifetime_micros: 0,
+                    lifetime_events: 0,
+                }],
+            },
+            at,
+        );
+    }
     tick(
         &mut state,
         &catalog,

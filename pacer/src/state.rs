@@ -48,13 +48,20 @@ pub struct ShardState {
     pub updated_ms: i64,
 }
 
-/// Freshness samples (arrival minus source publish time) over a window.
+/// Freshness samples (arrival minus source publish time) over a window, and
+/// their p99, recomputed at most once a second as samples arrive: the lag
+/// guard reads it for every limit of every decision, so reading must not sort.
 #[derive(Debug, Default)]
 pub struct LagWindow {
     samples: VecDeque<(i64, i64)>,
+    p99_ms: i64,
+    /// When `p99_ms` was last computed (unix ms); 0 = never.
+    computed_ms: i64,
 }
 
 const LAG_WINDOW_MS: i64 = 300_000;
+const LAG_SAMPLES: usize = 10_000;
+const LAG_P99_EVERY_MS: i64 = 1_000;
 
 impl LagWindow {
     pub fn record(&mut self, now_ms: i64, lag_ms: i64) {
@@ -63,20 +70,29 @@ impl LagWindow {
             .samples
             .front()
             .is_some_and(|(t, _)| now_ms - t > LAG_WINDOW_MS)
-            || self.samples.len() > 10_000
+            || self.samples.len() > LAG_SAMPLES
         {
             self.samples.pop_front();
         }
+        if self.computed_ms == 0 || now_ms - self.computed_ms >= LAG_P99_EVERY_MS {
+            self.p99_ms = self.compute_p99();
+            self.computed_ms = now_ms;
+        }
     }
 
-    /// p99 of the last minute's samples (0 with none).
+    /// p99 of the window's samples (the last five minutes, at most 10,000
+    /// of them) as of the last recomputation; 0 with none.
     pub fn p99(&self) -> i64 {
+        self.p99_ms
+    }
+
+    fn compute_p99(&self) -> i64 {
         let mut lags: Vec<i64> = self.samples.iter().map(|(_, l)| *l).collect();
         if lags.is_empty() {
             return 0;
         }
-        lags.sort_unstable();
-        lags[((lags.len() as f64 * 0.99).ceil() as usize).clamp(1, lags.len()) - 1]
+        let rank = ((lags.len() as f64 * 0.99).ceil() as usize).clamp(1, lags.len()) - 1;
+        *lags.select_nth_unstable(rank).1
     }
 }
 
@@ -257,6 +273,22 @@ mod tests {
         // The fenced old owner keeps pushing: dropped.
         assert_eq!(state.apply(&update(1, 20, 2, 999), 4), Applied::Stale);
         assert_eq!(state.limits["a"].lifetime_micros, 130);
+    }
+
+    #[test]
+    fn lag_p99_is_kept_current_without_sorting_on_read() {
+        let mut window = LagWindow::default();
+        assert_eq!(window.p99(), 0);
+        // 100 samples at one instant: 1..=100 ms; p99 is the 99th.
+        for lag in 1..=100 {
+            window.record(1_000, lag);
+        }
+        assert_eq!(window.p99(), 1, "recomputed at most once a second");
+        window.record(2_000, 0);
+        assert_eq!(window.p99(), 99);
+        // Samples older than five minutes leave the window.
+        window.record(2_000 + LAG_WINDOW_MS + 1_000, 5);
+        assert_eq!(window.p99(), 5);
     }
 
     #[test]
