@@ -40,6 +40,13 @@ pub struct Config {
     #[arg(long, env = "ADSPEND_LIMITER_TUPLES_PER_MESSAGE", default_value_t = 20_000,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub tuples_per_message: u32,
+    /// Most one impression may cost, in micros; a costlier one is dead
+    /// lettered with reason cost_too_large (a sum of u64 micros must never
+    /// overflow on hostile input).
+    #[arg(long, env = "ADSPEND_MAX_COST_MICROS",
+          default_value_t = crate::validate::DEFAULT_MAX_COST_MICROS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_cost_micros: u64,
 }
 
 impl Config {

@@ -110,6 +110,8 @@ pub struct Output {
     pub dead_letters: Vec<DeadLetter>,
     pub impressions: u64,
     pub rejected: Vec<(Reason, u64)>,
+    /// Impressions costing more go to the dead letters (`cost_too_large`).
+    pub max_cost_micros: u64,
 }
 
 pub fn partition_of(limit: &str, partitions: u32) -> u32 {
@@ -120,8 +122,14 @@ impl Output {
     pub fn new(partitions: u32) -> Self {
         Output {
             partitions: (0..partitions).map(|_| PartitionOut::default()).collect(),
+            max_cost_micros: crate::validate::DEFAULT_MAX_COST_MICROS,
             ..Default::default()
         }
+    }
+
+    pub fn with_max_cost(mut self, max_cost_micros: u64) -> Self {
+        self.max_cost_micros = max_cost_micros;
+        self
     }
 
     pub fn tuples(&self) -> usize {
@@ -144,6 +152,15 @@ impl Output {
                 continue;
             }
             let rejection = match parse_line(line) {
+                Ok(impression) if impression.cost_micros > self.max_cost_micros => {
+                    crate::validate::Rejection {
+                        reason: Reason::CostTooLarge,
+                        detail: format!(
+                            "cost_micros {} is above the ceiling {} (ADSPEND_MAX_COST_MICROS)",
+                            impression.cost_micros, self.max_cost_micros
+                        ),
+                    }
+                }
                 Ok(impression) => match catalog.limits_of_ad(&impression.ad_id) {
                     Some(limits) => {
                         self.impressions += 1;
@@ -191,6 +208,39 @@ mod tests {
                  "ads":{"ad-1":["s","c"]}}"#,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn costs_above_the_ceiling_are_dead_lettered() {
+        let payload =
+            b"{\"id\":\"i1\",\"ad_id\":\"ad-1\",\"cost_micros\":18446744073709551615,\"ts\":1}\n\
+                        {\"id\":\"i2\",\"ad_id\":\"ad-1\",\"cost_micros\":1000,\"ts\":1}\n\
+                        {\"id\":\"i3\",\"ad_id\":\"ad-1\",\"cost_micros\":1001,\"ts\":1}\n";
+        let input = Input {
+            stream_seq: 3,
+            payload,
+        };
+        let mut out = Output::new(4).with_max_cost(1000);
+        out.add(&input, &catalog());
+        assert_eq!(
+            out.impressions, 1,
+            "only the impression at the ceiling passes"
+        );
+        let reasons: Vec<_> = out
+            .dead_letters
+            .iter()
+            .map(|d| (d.reason, d.line_no))
+            .collect();
+        assert_eq!(reasons, vec![("cost_too_large", 0), ("cost_too_large", 2)]);
+        assert!(out.dead_letters[0]
+            .detail
+            .contains("ADSPEND_MAX_COST_MICROS"));
+        assert_eq!(out.rejected, vec![(Reason::CostTooLarge, 2)]);
+        // The default ceiling stops the largest integer the contract allows.
+        let mut default = Output::new(4);
+        default.add(&input, &catalog());
+        assert_eq!(default.dead_letters.len(), 1);
+        assert_eq!(default.impressions, 2);
     }
 
     #[test]

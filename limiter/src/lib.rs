@@ -96,6 +96,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         catalog,
         partitions: config.partitions.partitions,
         tuples_per_message: config.tuples_per_message as usize,
+        max_cost_micros: config.max_cost_micros,
         shutdown: shutdown.clone(),
     };
     let mut markers = tokio::time::interval(config.checkpoint_interval());
@@ -126,6 +127,7 @@ struct Limiter {
     catalog: watch::Receiver<Arc<Catalog>>,
     partitions: u32,
     tuples_per_message: usize,
+    max_cost_micros: u64,
     shutdown: CancellationToken,
 }
 
@@ -150,7 +152,7 @@ impl Limiter {
             return;
         }
         let catalog = self.catalog.borrow().clone();
-        let mut out = Output::new(self.partitions);
+        let mut out = Output::new(self.partitions).with_max_cost(self.max_cost_micros);
         let mut source_ms = i64::MAX;
         for message in &received {
             let (stream_seq, published_ms) = match message.info() {

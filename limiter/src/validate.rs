@@ -8,6 +8,10 @@ use std::borrow::Cow;
 use adspend_common::types::{Micros, MAX_ID_LEN};
 use serde::Deserialize;
 
+/// Default ceiling of one impression's cost (one million currency units):
+/// far above any real impression, far below what could overflow a sum.
+pub const DEFAULT_MAX_COST_MICROS: Micros = 1_000_000_000_000;
+
 /// Latest accepted event time: 9999-12-31.
 const MAX_TS_MS: i64 = 253_402_300_799_999;
 
@@ -21,6 +25,7 @@ pub enum Reason {
     IdTooLong,
     InvalidTs,
     UnknownAd,
+    CostTooLarge,
 }
 
 impl Reason {
@@ -34,6 +39,7 @@ impl Reason {
             Reason::IdTooLong => "id_too_long",
             Reason::InvalidTs => "invalid_ts",
             Reason::UnknownAd => "unknown_ad",
+            Reason::CostTooLarge => "cost_too_large",
         }
     }
 }

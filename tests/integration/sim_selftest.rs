@@ -507,6 +507,10 @@ fn classify(line: &[u8], catalog: &Catalog) -> Result<Impression, &'static str> 
         None if cost.is_f64() => return Err("fractional_cost"),
         None => return Err("invalid_json"),
     };
+    // The limiter's default ADSPEND_MAX_COST_MICROS.
+    if cost_micros > 1_000_000_000_000 {
+        return Err("cost_too_large");
+    }
     let ad_id = ad_id.as_str().ok_or("invalid_json")?;
     if !catalog.ads.contains_key(ad_id) {
         return Err("unknown_ad");

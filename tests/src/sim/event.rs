@@ -26,16 +26,20 @@ pub enum BadKind {
     FractionalCost,
     IdTooLong,
     UnknownAd,
+    /// The largest integer the contract's syntax allows: above the limiter's
+    /// ceiling, and two of them would overflow a u64 sum.
+    CostTooLarge,
 }
 
 impl BadKind {
-    pub const ALL: [BadKind; 6] = [
+    pub const ALL: [BadKind; 7] = [
         BadKind::InvalidJson,
         BadKind::MissingField,
         BadKind::NegativeCost,
         BadKind::FractionalCost,
         BadKind::IdTooLong,
         BadKind::UnknownAd,
+        BadKind::CostTooLarge,
     ];
 
     pub fn reason(self) -> &'static str {
@@ -46,6 +50,7 @@ impl BadKind {
             BadKind::FractionalCost => "fractional_cost",
             BadKind::IdTooLong => "id_too_long",
             BadKind::UnknownAd => "unknown_ad",
+            BadKind::CostTooLarge => "cost_too_large",
         }
     }
 }
@@ -410,6 +415,15 @@ impl Generator {
                     &id,
                     &ad,
                     Some(format!("{cost}.5").as_bytes()),
+                    Some(ts),
+                );
+            }
+            BadKind::CostTooLarge => {
+                put_fields(
+                    out,
+                    &id,
+                    &ad,
+                    Some(u64::MAX.to_string().as_bytes()),
                     Some(ts),
                 );
             }
