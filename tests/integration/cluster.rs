@@ -382,7 +382,11 @@ async fn docker_aggregator_cut_off_from_etcd() {
     let logs = cluster.logs(victim, 400).await.unwrap();
     let lost: Vec<&str> = logs
         .lines()
-        .filter(|l| l.contains("lease") || l.contains("fenced") || l.contains("no longer ours"))
+        .filter(|l| {
+            ["lease lost", "keepalive", "fenced", "no longer ours"]
+                .iter()
+                .any(|w| l.contains(w))
+        })
         .collect();
     assert!(
         !lost.is_empty(),

@@ -385,6 +385,20 @@ impl Cluster {
         Ok(response.text().await?)
     }
 
+    async fn remove_volumes(&self) -> anyhow::Result<()> {
+        let label = format!("label=com.docker.compose.project={PROJECT}");
+        let volumes = self
+            .run("docker", &["volume", "ls", "-q", "--filter", &label])
+            .await?;
+        let volumes: Vec<&str> = volumes.lines().collect();
+        if !volumes.is_empty() {
+            let mut args = vec!["volume", "rm"];
+            args.extend(volumes);
+            self.run("docker", &args).await?;
+        }
+        Ok(())
+    }
+
     /// The last `tail` lines of a service's log.
     pub async fn logs(&self, service: &str, tail: u32) -> anyhow::Result<String> {
         let tail = tail.to_string();
@@ -392,11 +406,31 @@ impl Cluster {
             .await
     }
 
-    /// Removes the project's containers, networks and volumes.
+    /// Removes the project's containers, networks and volumes. Docker now
+    /// and then still counts a just-removed container as a network endpoint
+    /// ("has active endpoints"): retried.
     pub async fn down(&self) -> anyhow::Result<()> {
-        self.compose(&["down", "-v", "--remove-orphans", "--timeout", "5"])
-            .await
-            .map(drop)
+        let mut attempt = 1;
+        loop {
+            match self
+                .compose(&["down", "-v", "--remove-orphans", "--timeout", "5"])
+                .await
+            {
+                Ok(_) => return Ok(()),
+                // Containers are gone by then; the network stays for the next
+                // project to reuse, but its volumes must not.
+                Err(e) if format!("{e:#}").contains("active endpoints") => {
+                    eprintln!("cluster: {e:#}; removing the volumes by label, keeping the network");
+                    return self.remove_volumes().await;
+                }
+                Err(e) if attempt < 5 => {
+                    eprintln!("cluster: down failed (attempt {attempt}), retrying: {e:#}");
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 
@@ -425,8 +459,21 @@ impl Drop for Cluster {
             let _ = compose(&args);
         }
         eprintln!("cluster: removing project {PROJECT}");
-        if let Err(e) = compose(&["down", "-v", "--remove-orphans", "--timeout", "5"]) {
-            eprintln!("cluster: docker-compose down failed: {e}");
+        // Drop may run inside the test's runtime: down() runs on a thread
+        // with a runtime of its own.
+        let result = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()?
+                        .block_on(self.down())
+                })
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("down panicked")))
+        });
+        if let Err(e) = result {
+            eprintln!("cluster: removing project {PROJECT} failed: {e:#}");
         }
     }
 }
