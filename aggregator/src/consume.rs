@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use adspend_common::codec::decode_spend;
 use adspend_common::nats::spend_subject;
-use adspend_common::telemetry::STREAM_INTEGRITY_ERRORS_TOTAL;
+use adspend_common::telemetry::{SPEND_SET_ASIDE_TOTAL, STREAM_INTEGRITY_ERRORS_TOTAL};
 use async_nats::jetstream::consumer::{pull::OrderedConfig, DeliverPolicy};
 use async_nats::jetstream::stream::Stream;
 use futures::StreamExt;
@@ -52,6 +52,8 @@ pub async fn check_bounds(stream: &mut Stream, last_applied: u64) -> Result<u64,
 
 pub struct Consumer {
     pub stream: Stream,
+    /// Where undecodable messages are set aside (`DEADLETTER`).
+    pub deadletters: async_nats::jetstream::Context,
     pub owned: Option<Vec<u32>>,
     pub next_seq: u64,
     pub tx: mpsc::Sender<Incoming>,
@@ -159,11 +161,23 @@ impl Consumer {
                         return Err(e);
                     }
                 }
-                let decoded =
-                    decode_spend(&message.payload).map_err(|e| Error::BadSpendMessage {
-                        seq,
-                        reason: e.to_string(),
-                    })?;
+                let decoded = match decode_spend(&message.payload) {
+                    Ok(decoded) => decoded,
+                    Err(e) => {
+                        // Data, not environment: set it aside and go on. A
+                        // replay reaches the same message and the same decision.
+                        set_aside(
+                            &self.deadletters,
+                            seq,
+                            &message.subject,
+                            &message.payload,
+                            &e.to_string(),
+                        )
+                        .await;
+                        self.next_seq = seq + 1;
+                        continue;
+                    }
+                };
                 let incoming = Incoming {
                     seq,
                     stream_ms: (info.published.unix_timestamp_nanos() / 1_000_000) as i64,
@@ -180,5 +194,56 @@ impl Consumer {
                 _ = tokio::time::sleep(Duration::from_millis(200)) => {}
             }
         }
+    }
+}
+
+/// A `SPEND` message that cannot be decoded (garbage, an unknown format
+/// version, a tuple naming a limit the batch does not carry): logged,
+/// counted, and dead lettered with its sequence, under a message id that
+/// lets JetStream drop the copy a replay publishes again.
+async fn set_aside(
+    deadletters: &async_nats::jetstream::Context,
+    seq: u64,
+    subject: &str,
+    payload: &[u8],
+    reason: &str,
+) {
+    metrics::counter!(SPEND_SET_ASIDE_TOTAL, "reason" => "undecodable").increment(1);
+    tracing::error!(
+        seq,
+        subject,
+        bytes = payload.len(),
+        error = reason,
+        "SPEND message set aside: it cannot be decoded"
+    );
+    let letter = serde_json::json!({
+        "reason": "spend_undecodable",
+        "detail": reason,
+        "stream": adspend_common::nats::SPEND_STREAM,
+        "subject": subject,
+        "stream_seq": seq,
+        "bytes": payload.len(),
+    });
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", format!("spend-{seq}").as_str());
+    headers.insert("Adspend-Reason", "spend_undecodable");
+    let publish = async {
+        deadletters
+            .publish_with_headers(
+                "deadletter.spend_undecodable",
+                headers,
+                letter.to_string().into(),
+            )
+            .await?
+            .await
+            .map(drop)
+            .map_err(async_nats::Error::from)
+    };
+    match tokio::time::timeout(Duration::from_secs(5), publish).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(seq, error = %e, "dead letter for a SPEND message not published")
+        }
+        Err(_) => tracing::warn!(seq, "dead letter for a SPEND message timed out"),
     }
 }

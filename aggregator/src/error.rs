@@ -31,9 +31,6 @@ pub enum Error {
     #[error("SPEND log went backwards: stream ends at sequence {last_seq} but the aggregator already applied {last_applied}; refusing to continue")]
     LogBackwards { last_seq: u64, last_applied: u64 },
 
-    #[error("SPEND message at sequence {seq} cannot be decoded: {reason}")]
-    BadSpendMessage { seq: u64, reason: String },
-
     #[error("SPEND consumer: {0}")]
     Consumer(String),
 
@@ -64,7 +61,6 @@ impl Error {
             | Error::Overflow { .. }
             | Error::RetentionGap { .. }
             | Error::LogBackwards { .. }
-            | Error::BadSpendMessage { .. }
             | Error::SnapshotMismatch { .. }
             | Error::Membership { .. } => true,
             Error::Common(e) => matches!(

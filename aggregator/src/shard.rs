@@ -180,8 +180,10 @@ pub async fn run(
         })
         .map_err(|e| Error::Task("writer", e.to_string()))?;
 
+    nats::ensure_deadletter(&js, settings.stream_replicas).await?;
     let consumer = consume::Consumer {
         stream,
+        deadletters: js.clone(),
         owned: partitions,
         next_seq: last_applied + 1,
         tx: incoming_tx,

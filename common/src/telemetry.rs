@@ -30,6 +30,9 @@ pub const DEDUPE_IDS: &str = "adspend_dedupe_ids";
 pub const DEDUPE_WINDOW_SECONDS: &str = "adspend_dedupe_window_seconds";
 pub const SUMS_PUSHES_TOTAL: &str = "adspend_sums_pushes_total";
 pub const STREAM_INTEGRITY_ERRORS_TOTAL: &str = "adspend_stream_integrity_errors_total";
+/// `SPEND` messages or tuples the aggregator set aside (dead lettered) by
+/// reason, instead of stopping on them.
+pub const SPEND_SET_ASIDE_TOTAL: &str = "adspend_spend_set_aside_total";
 // aggregator, cluster mode
 /// Partitions this member applies now.
 pub const AGGREGATOR_OWNED_PARTITIONS: &str = "adspend_aggregator_owned_partitions";

@@ -11,6 +11,7 @@ mod decisions;
 mod harness_selftest;
 mod membership;
 mod pipeline;
+mod poison;
 mod recovery;
 mod restart;
 mod sim_selftest;
