@@ -209,7 +209,15 @@ sys.exit(0 if urllib.request.urlopen(req, timeout=10).status == 200 else 1)" \
 cmd_down() {
   require_docker
   say "stopping project $project and removing its volumes"
-  compose --profile scale down -v --remove-orphans --timeout 10
+  local err
+  if ! err=$(compose --profile scale down -v --remove-orphans --timeout 10 2>&1); then
+    echo "$err" >&2
+    # Docker 20.10 now and then keeps a removed container's endpoint on a
+    # network; the containers are gone, the network is reused by the next up.
+    grep -q 'active endpoints' <<<"$err" || die "docker-compose down failed"
+    say "a network kept a stale endpoint (Docker); removing the volumes by label"
+    docker volume ls -q --filter "label=com.docker.compose.project=$project" | xargs -r docker volume rm >/dev/null
+  fi
 }
 
 cmd_status() {
@@ -227,7 +235,7 @@ cmd_status() {
   echo "pacer shards:"
   curl -sf http://127.0.0.1:8080/v1/shards | python3 -c '
 import json, sys
-for s in json.load(sys.stdin)["shards"]:
+for s in sorted(json.load(sys.stdin)["shards"], key=lambda s: int(s["shard"][1:])):
     print("  %-4s epoch %-6s seq %-10s lag_ms %s" % (s["shard"], s.get("epoch"), s.get("seq"), s.get("lag_ms")))' \
     || echo "  (pacer not answering)"
 }
