@@ -38,7 +38,13 @@ pub async fn connect(url: &str, name: &str) -> Result<async_nats::Client> {
         .connection_timeout(Duration::from_secs(5))
         .max_reconnects(None)
         .request_timeout(Some(Duration::from_secs(10)));
-    let connect = options.connect(url);
+    // A comma-separated list names several servers of one cluster.
+    let servers: Vec<&str> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    let connect = options.connect(servers);
     match tokio::time::timeout(Duration::from_secs(10), connect).await {
         Ok(Ok(client)) => Ok(client),
         Ok(Err(e)) => Err(fail(e.to_string())),

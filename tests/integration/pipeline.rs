@@ -157,3 +157,30 @@ async fn pipeline_with_s3_snapshots_and_etcd_checkpoints_is_exact() {
         assert!(status.success(), "{status:?}");
     }
 }
+
+/// `ADSPEND_NATS_URL` may list several servers of one cluster; a service
+/// starts while the first one listed is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_url_list_reaches_the_live_server() {
+    let mut p = Pipeline::start(Backends::default(), 50).await;
+    let urls = format!("nats://127.0.0.1:{},{}", free_port(), p.nats.url());
+    let services = [
+        ("aggregator", "aggregator running"),
+        ("limiter", "limiter running"),
+    ];
+    for (service, running) in services {
+        let mut process = p.spawn_with(service, free_port(), &[("ADSPEND_NATS_URL", &urls)]);
+        process
+            .wait_for_log(running, Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("{service} with {urls}: {e}"));
+        match service {
+            "aggregator" => p.aggregator = Some(process),
+            _ => p.limiter = Some(process),
+        }
+    }
+    p.pacer = Some(p.spawn("pacer"));
+    p.wait_pacer().await;
+    let truth = p.publish(&sim_config(1_000, 41)).await;
+    assert_exact(&p.settle(&truth, Duration::from_secs(60)).await, &truth);
+}
