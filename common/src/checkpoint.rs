@@ -228,17 +228,8 @@ impl CheckpointStore {
                 if response.succeeded() {
                     return Ok(());
                 }
-                let current = response
-                    .op_responses()
-                    .into_iter()
-                    .find_map(|op| match op {
-                        etcd_client::TxnOpResponse::Get(get) => get
-                            .kvs()
-                            .first()
-                            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
-                        _ => None,
-                    })
-                    .unwrap_or_else(|| "<none>".into());
+                let current =
+                    crate::etcd::txn_got_value(&response).unwrap_or_else(|| "<none>".into());
                 Err(Error::Fenced {
                     shard: shard.clone(),
                     ours: record.epoch,

@@ -29,3 +29,15 @@ pub async fn connect(endpoints: &[String]) -> Result<Client> {
         .await
         .map_err(|_| fail("timed out after 15s".into()))?
 }
+
+/// The value read by the first `get` of a transaction's answer (the usual
+/// `or_else` of a failed compare-and-swap: what the key holds instead).
+pub fn txn_got_value(response: &etcd_client::TxnResponse) -> Option<String> {
+    response.op_responses().into_iter().find_map(|op| match op {
+        etcd_client::TxnOpResponse::Get(get) => get
+            .kvs()
+            .first()
+            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+        _ => None,
+    })
+}

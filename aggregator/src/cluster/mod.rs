@@ -167,17 +167,7 @@ async fn agree_on_partition_count(
     if response.succeeded() {
         return Ok(());
     }
-    let recorded = response
-        .op_responses()
-        .into_iter()
-        .find_map(|op| match op {
-            etcd_client::TxnOpResponse::Get(get) => get
-                .kvs()
-                .first()
-                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
-            _ => None,
-        })
-        .unwrap_or_default();
+    let recorded = adspend_common::etcd::txn_got_value(&response).unwrap_or_default();
     if recorded.trim() == partitions.to_string() {
         Ok(())
     } else {
