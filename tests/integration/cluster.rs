@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use adspend_tests::cluster::{
-    metric_value, settle_exact, shards, wait_applied, Cluster, Monotonic, Shard, Traffic,
-    AGGREGATORS, PARTITIONS,
+    metric_sum, metric_value, settle_exact, shards, wait_applied, Cluster, Monotonic, Shard,
+    Traffic, AGGREGATORS, PARTITIONS,
 };
 use adspend_tests::sim::{generate_catalog, Catalog, CatalogSpec};
 
@@ -109,8 +109,8 @@ async fn histogram(cluster: &Cluster, members: &[&str], name: &str) -> (f64, f64
     let (mut sum, mut count) = (0.0, 0.0);
     for member in members {
         if let Ok(body) = cluster.metrics(member, AGGREGATOR_METRICS).await {
-            sum += metric_value(&body, &format!("{name}_sum")).unwrap_or(0.0);
-            count += metric_value(&body, &format!("{name}_count")).unwrap_or(0.0);
+            sum += metric_sum(&body, &format!("{name}_sum")).unwrap_or(0.0);
+            count += metric_sum(&body, &format!("{name}_count")).unwrap_or(0.0);
         }
     }
     (sum, count)
@@ -442,6 +442,13 @@ async fn docker_scale_aggregators() {
         .await
         .expect("handover to aggregator4");
     figure(&format!("scale 3 -> 4: {}", handover.render()));
+    let name = "adspend_aggregator_handover_seconds";
+    let (sum, count) = histogram(&cluster, &["aggregator4"], name).await;
+    assert!(count >= 1.0, "aggregator4 recorded no handover");
+    figure(&format!(
+        "scale 3 -> 4: {name} on aggregator4: {count} handovers, mean {:.2}s",
+        sum / count
+    ));
 
     // 4 -> 2: clean shutdowns hand their partitions over.
     let before = shards_now(&all).await;
@@ -465,11 +472,17 @@ async fn docker_scale_aggregators() {
         .await
         .expect("handover from the stopped members");
     figure(&format!("scale 4 -> 2: {}", handover.render()));
-    let (sum, count) = histogram(&cluster, &two, "adspend_aggregator_handover_seconds").await;
-    assert!(count >= 1.0, "no handover recorded by {two:?}");
+    let (sum, count) = histogram(&cluster, &two, name).await;
+    let (failover_sum, failover_count) =
+        histogram(&cluster, &two, "adspend_aggregator_failover_seconds").await;
+    assert!(
+        count + failover_count >= moved.len() as f64,
+        "aggregator1+2 recorded {count} handovers and {failover_count} failovers for {} moves",
+        moved.len()
+    );
     figure(&format!(
-        "scale: adspend_aggregator_handover_seconds on aggregator1+2: {count} handovers, mean {:.2}s",
-        sum / count
+        "scale 4 -> 2: on aggregator1+2 since start: {name} {count} (sum {sum:.2}s), \
+         adspend_aggregator_failover_seconds {failover_count} (sum {failover_sum:.2}s)"
     ));
     settle(&catalog, traffic, "scale 3 -> 4 -> 2").await;
     let (samples, backwards) = monotonic.finish().await;

@@ -55,6 +55,7 @@ pub struct Cluster {
     /// Holds the catalog file the project was started with.
     _dir: tempfile::TempDir,
     http: reqwest::Client,
+    ids: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl Cluster {
@@ -72,6 +73,7 @@ impl Cluster {
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
                 .build()?,
+            ids: Default::default(),
         };
         cluster.down().await?;
         eprintln!("cluster: starting project {PROJECT}");
@@ -129,13 +131,24 @@ impl Cluster {
         self.run("docker-compose", &self.compose_args(args)).await
     }
 
-    /// The container id of a service (its only container).
+    /// The container id of a service (its only container). Cached: a
+    /// container keeps its id through kill, stop and start, and each
+    /// docker-compose call costs a Python start-up.
     pub async fn id(&self, service: &str) -> anyhow::Result<String> {
+        if let Some(id) = self.ids.lock().unwrap().get(service) {
+            return Ok(id.clone());
+        }
         let out = self.compose(&["ps", "-q", service]).await?;
-        out.lines()
+        let id = out
+            .lines()
             .next()
             .map(str::to_owned)
-            .with_context(|| format!("service {service} has no container"))
+            .with_context(|| format!("service {service} has no container"))?;
+        self.ids
+            .lock()
+            .unwrap()
+            .insert(service.to_owned(), id.clone());
+        Ok(id)
     }
 
     pub async fn state(&self, service: &str) -> anyhow::Result<ContainerState> {
@@ -287,12 +300,7 @@ impl Cluster {
     pub async fn etcdctl(&self, args: &[&str]) -> anyhow::Result<String> {
         let mut last = anyhow::anyhow!("no etcd container is running");
         for etcd in ["etcd1", "etcd2", "etcd3"] {
-            let Ok(state) = self.state(etcd).await else {
-                continue;
-            };
-            if !state.running || state.paused {
-                continue;
-            }
+            // A stopped or paused container refuses the exec at once.
             let id = self.id(etcd).await?;
             let mut full = vec!["exec", id.as_str(), "etcdctl", "--command-timeout=3s"];
             full.extend_from_slice(args);
@@ -434,6 +442,22 @@ impl Cluster {
     }
 }
 
+/// The sum of every series of `name` whatever its labels (`name 1`,
+/// `name{side="take"} 2`); `None` when there is none.
+pub fn metric_sum(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let value = match rest.as_bytes().first()? {
+                b' ' => rest,
+                b'{' => &rest[rest.find('}')? + 1..],
+                _ => return None,
+            };
+            value.trim().parse::<f64>().ok()
+        })
+        .reduce(|a, b| a + b)
+}
+
 /// One value of a Prometheus text exposition, by its full series text
 /// (`name` or `name{labels}`); `None` when absent.
 pub fn metric_value(body: &str, series: &str) -> Option<f64> {
@@ -480,7 +504,7 @@ impl Drop for Cluster {
 
 #[cfg(test)]
 mod tests {
-    use super::metric_value;
+    use super::{metric_sum, metric_value};
 
     #[test]
     fn metric_values_by_series() {
@@ -492,5 +516,12 @@ mod tests {
         );
         assert_eq!(metric_value(body, "h_sum{le=\"1\"}"), Some(0.25));
         assert_eq!(metric_value(body, "missing"), None);
+        let labelled = "h_count{side=\"take\"} 2\nh_count{side=\"release\"} 3\nh_count_x 9\n";
+        assert_eq!(metric_sum(labelled, "h_count"), Some(5.0));
+        assert_eq!(
+            metric_sum(body, "adspend_aggregator_owned_partitions"),
+            Some(5.0)
+        );
+        assert_eq!(metric_sum(labelled, "missing"), None);
     }
 }

@@ -16,7 +16,7 @@ mod compose;
 mod observe;
 mod traffic;
 
-pub use compose::{metric_value, Cluster, ContainerState, AGGREGATORS, PROJECT};
+pub use compose::{metric_sum, metric_value, Cluster, ContainerState, AGGREGATORS, PROJECT};
 pub use observe::{
     shards, wait_applied, Backwards, Monotonic, Shard, Takeover, PACER_URL, PARTITIONS,
 };
