@@ -22,7 +22,8 @@ project=${ADSPEND_CLUSTER_PROJECT:-adspend}
 compose_file="$root/deploy/docker-compose.yml"
 stage="$root/target/cluster-images"
 static_target=x86_64-unknown-linux-gnu
-bin="$root/target/$static_target/release"
+target_dir=${CARGO_TARGET_DIR:-$root/target}
+bin="$target_dir/$static_target/release"
 images=(adspend/services:dev adspend/nats:dev adspend/etcd:dev adspend/s3:dev)
 infra=(nats1 nats2 nats3 etcd1 etcd2 etcd3 s3)
 bucket=adspend-snapshots
@@ -269,7 +270,7 @@ cmd_demo() {
   # publishes far faster than the cluster on one host absorbs.
   say "building adsim and adcheck (debug)"
   cargo build -p adspend-tests --bin adsim --bin adcheck
-  local tools="$root/target/debug"
+  local tools="$target_dir/debug"
   mkdir -p "$out"
   docker exec "$(container etcd1)" etcdctl get --print-value-only "$catalog_key" >"$out/catalog.json"
   [ -s "$out/catalog.json" ] || die "no catalog in etcd at $catalog_key"
