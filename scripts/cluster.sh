@@ -146,6 +146,7 @@ cmd_images() {
   build_image services
 
   local nats_server
+  [ -x "$root/.tools/venv/bin/nats-server" ] || die "$root/.tools/venv/bin/nats-server is missing (bash scripts/install-deps.sh cluster)"
   nats_server=$(readlink -f "$root/.tools/venv/bin/nats-server")
   file "$nats_server" | grep -q 'statically linked' || die "$nats_server is not the static nats-server (bash scripts/install-deps.sh cluster)"
   rootfs=$(fresh_rootfs nats)
