@@ -30,15 +30,14 @@ set -e
 if [ "${ADSPEND_SKIP_CLUSTER:-0}" != 1 ]; then
   echo "test: cluster phase: images (bash scripts/cluster.sh images)"
   phase_start=$(date +%s)
-  bash scripts/install-deps.sh cluster
-  if bash scripts/cluster.sh images; then
+  if bash scripts/install-deps.sh cluster && bash scripts/cluster.sh images; then
     echo "test: cluster phase: fault tests on docker-compose, one at a time"
     set +e
     cargo test -p adspend-tests --test integration "${features[@]}" -- cluster::docker_ --test-threads=1 --nocapture 2>&1 | tee -a "$log"
     cluster_status=${PIPESTATUS[0]}
     set -e
   else
-    echo "test: cluster phase: building the images failed" | tee -a "$log"
+    echo "test: cluster phase: installing or building the images failed" | tee -a "$log"
     echo "1 failed;" >>"$log"
     cluster_status=1
   fi
