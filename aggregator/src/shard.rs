@@ -255,6 +255,12 @@ pub async fn run(
     tasks.wait().await;
     let _ = tokio::task::spawn_blocking(move || writer_thread.join()).await;
     checkpoint_stop.cancel();
+    if !stop.wants_checkpoint() {
+        // Abandoned (the lease is gone, or shutdown): a checkpoint in flight
+        // may be cut anywhere, as a crash would; waiting for it could mean
+        // waiting out an unreachable etcd.
+        checkpoint_task.abort();
+    }
     let checkpointer = checkpoint_task.await.ok().flatten();
     let failed = failure.lock().expect("failure lock").is_some();
     if let (Some(mut checkpointer), true, false) = (checkpointer, stop.wants_checkpoint(), failed) {

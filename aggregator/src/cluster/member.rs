@@ -166,6 +166,8 @@ impl Member {
             }
             Ok(Served::LeaseLost(reason)) => {
                 self.lease.validity.revoke();
+                // Nothing applies from here on, whatever is still winding down.
+                metrics::gauge!(AGGREGATOR_OWNED_PARTITIONS).set(0.0);
                 self.stop_all(false).await;
                 background.cancel();
                 let reason = match lost_reason.await {
