@@ -274,7 +274,12 @@ impl Writer {
             store.lifetime.remap_types(),
             &lifetime_deltas,
             |current, limit, (delta, tuples)| {
-                let (micros, events) = current.map_or((0, 0), parse_lifetime);
+                let (micros, events) = match current {
+                    None => (0, 0),
+                    Some(value) => parse_lifetime(value).ok_or_else(|| {
+                        store.corrupt(format!("the lifetime sum of {limit}"), value)
+                    })?,
+                };
                 let total = checked(micros, *delta, limit, LIFETIME_BUCKET)?;
                 let events = events + tuples;
                 new_lifetimes.insert(limit, (total, events));

@@ -18,6 +18,13 @@ pub enum Error {
     #[error("LMDB at {0} was written by an older adspend (one entry per dedupe id); this version keeps dedupe ids in a packed log. Move the directory aside (the aggregator then restores from the latest snapshot or replays the stream)")]
     OldFormat(PathBuf),
 
+    #[error("LMDB at {path}: {what} holds {bytes:02x?}, which is not a valid value; refusing to read it as zero (restore from a snapshot: move the directory aside)")]
+    CorruptValue {
+        path: PathBuf,
+        what: String,
+        bytes: Vec<u8>,
+    },
+
     #[error("sum overflow: limit {limit} bucket {bucket} would exceed u64 micros")]
     Overflow { limit: String, bucket: u32 },
 
@@ -58,6 +65,7 @@ impl Error {
         match self {
             Error::Lmdb { .. }
             | Error::OldFormat(_)
+            | Error::CorruptValue { .. }
             | Error::Overflow { .. }
             | Error::RetentionGap { .. }
             | Error::LogBackwards { .. }

@@ -169,7 +169,8 @@ pub fn read_full(store: &Store) -> Result<(Vec<SumEntry>, u64), Error> {
         .map_err(store.err("iterate lifetime"))?
     {
         let (limit, value) = item.map_err(store.err("iterate lifetime"))?;
-        let (total, events) = parse_lifetime(value);
+        let (total, events) = parse_lifetime(value)
+            .ok_or_else(|| store.corrupt(format!("the lifetime sum of {limit}"), value))?;
         lifetimes.insert(limit.to_string(), (total, events));
         entries.push(SumEntry {
             limit: limit.to_string(),

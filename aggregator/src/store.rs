@@ -79,15 +79,15 @@ pub fn lifetime_value(micros: u64, events: u64) -> [u8; 16] {
     value
 }
 
-/// (micros, tuples) of a `lifetime` value; a malformed one reads as zero.
-pub fn parse_lifetime(value: &[u8]) -> (u64, u64) {
-    let word = |range: std::ops::Range<usize>| {
-        value
-            .get(range)
-            .and_then(|b| b.try_into().ok())
-            .map_or(0, u64::from_be_bytes)
-    };
-    (word(0..8), word(8..16))
+/// (micros, tuples) of a `lifetime` value, `None` unless it is the 16 bytes
+/// [`lifetime_value`] writes.
+pub fn parse_lifetime(value: &[u8]) -> Option<(u64, u64)> {
+    let value: &[u8; 16] = value.try_into().ok()?;
+    let (micros, events) = value.split_at(8);
+    Some((
+        u64::from_be_bytes(micros.try_into().ok()?),
+        u64::from_be_bytes(events.try_into().ok()?),
+    ))
 }
 
 /// Key of one dedupe log entry: stream time, then the first sequence the
@@ -164,14 +164,30 @@ impl Store {
         self.env.write_txn().map_err(self.err("begin write"))
     }
 
+    /// 0 for a store that never applied anything; a value that is not 8
+    /// bytes is an error (read as 0 it would replay the whole stream, past
+    /// the dedupe window).
     pub fn last_applied_seq(&self, txn: &RoTxn<'_>) -> Result<u64, Error> {
-        Ok(self
+        match self
             .meta
             .get(txn, META_LAST_APPLIED_SEQ)
             .map_err(self.err("get last_applied_seq"))?
-            .and_then(|b| b.try_into().ok())
-            .map(u64::from_be_bytes)
-            .unwrap_or(0))
+        {
+            None => Ok(0),
+            Some(bytes) => bytes
+                .try_into()
+                .map(u64::from_be_bytes)
+                .map_err(|_| self.corrupt(META_LAST_APPLIED_SEQ.to_string(), bytes)),
+        }
+    }
+
+    /// The error for a stored value that does not parse.
+    pub fn corrupt(&self, what: String, bytes: &[u8]) -> Error {
+        Error::CorruptValue {
+            path: self.path().to_path_buf(),
+            what,
+            bytes: bytes.to_vec(),
+        }
     }
 
     pub fn set_last_applied_seq(&self, txn: &mut RwTxn<'_>, seq: u64) -> Result<(), Error> {
@@ -277,6 +293,31 @@ impl Store {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn malformed_values_are_errors_naming_them_not_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), 1 << 26).unwrap();
+        let mut wtxn = store.write_txn().unwrap();
+        store
+            .meta
+            .put(&mut wtxn, META_LAST_APPLIED_SEQ, &[1, 2, 3])
+            .unwrap();
+        wtxn.commit().unwrap();
+        let txn = store.read_txn().unwrap();
+        let err = store.last_applied_seq(&txn).unwrap_err();
+        assert!(matches!(err, Error::CorruptValue { .. }) && err.is_fatal());
+        let text = err.to_string();
+        assert!(
+            text.contains("last_applied_seq") && text.contains("[01, 02, 03]"),
+            "{text}"
+        );
+        assert!(text.contains(&dir.path().display().to_string()), "{text}");
+
+        assert_eq!(parse_lifetime(&lifetime_value(7, 2)), Some((7, 2)));
+        assert_eq!(parse_lifetime(&[0; 15]), None);
+        assert_eq!(parse_lifetime(&[0; 17]), None);
+    }
 
     /// Both paths of `update_sorted` (lookups and the walk) against a model,
     /// with keys missing before, between and after the stored ones.

@@ -544,7 +544,8 @@ pub fn aggregator_totals(lmdb_dir: &std::path::Path) -> anyhow::Result<BTreeMap<
         let mut totals = BTreeMap::new();
         for item in store.lifetime.iter(&txn)? {
             let (limit, value) = item?;
-            let (micros, _) = adspend_aggregator::store::parse_lifetime(value);
+            let (micros, _) = adspend_aggregator::store::parse_lifetime(value)
+                .context("a lifetime value that is not 16 bytes")?;
             totals.insert(limit.to_string(), micros);
         }
         totals

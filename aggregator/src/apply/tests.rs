@@ -60,7 +60,7 @@ fn sums(store: &Store) -> (HashMap<String, u64>, HashMap<(String, u32), u64>) {
         .iter(&txn)
         .unwrap()
         .map(|e| {
-            e.map(|(k, v)| (k.to_string(), parse_lifetime(v).0))
+            e.map(|(k, v)| (k.to_string(), parse_lifetime(v).unwrap().0))
                 .unwrap()
         })
         .collect();
@@ -238,4 +238,22 @@ fn markers_request_one_checkpoint_per_marker_id() {
     ])
     .unwrap();
     assert_eq!(*rx.borrow(), (1, 2));
+}
+
+#[test]
+fn a_malformed_lifetime_sum_is_an_error_and_commits_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut w, _rx) = writer(dir.path(), WIDE);
+    w.apply_group(&[batch(1, 1, vec![tuple("a", 1, 5, "i1")])])
+        .unwrap();
+    let store = w.store.clone();
+    let mut wtxn = store.write_txn().unwrap();
+    store.lifetime.put(&mut wtxn, "a", &[9; 7]).unwrap();
+    wtxn.commit().unwrap();
+    let err = w
+        .apply_group(&[batch(2, 2, vec![tuple("a", 1, 1, "i2")])])
+        .unwrap_err();
+    assert!(matches!(err, Error::CorruptValue { .. }), "{err}");
+    assert!(err.to_string().contains("the lifetime sum of a"), "{err}");
+    assert_eq!(w.store.position().unwrap().1, 1, "nothing committed");
 }
