@@ -1,0 +1,74 @@
+//! The answer for one limit at one instant: spend in the current period,
+//! what is left, whether it is exhausted, how hard to bid, and the spend it
+//! can still overrun by; plus the periodic tick that advances every limit's
+//! controller and records its history.
+//!
+//! - `verdict`: the numbers of one limit, and the bidder's decision for an
+//!   ad from the verdicts of every limit above it.
+//! - `view`: a verdict as the limits API serves it.
+//! - `tick`: the controllers' clock and the dashboard's history.
+//!
+//! - Plan: the budget spread over the period following the learned traffic
+//!   shape (blended with uniform), [`crate::shape`].
+//! - Multiplier: the controller's output ([`crate::controller`]), capped by
+//!   the lag guard; 0 when exhausted.
+//! - Exhausted: the remainder cannot pay for one more typical event.
+
+mod tick;
+mod verdict;
+mod view;
+
+pub use tick::tick;
+pub use verdict::{decide, verdict, Decision, Verdict};
+pub use view::{view, LimitView, PacingView};
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use adspend_common::types::{SumEntry, SumsUpdate};
+
+    use crate::state::SpendState;
+
+    /// Push `entries` (bucket, micros) of one limit from shard "all", one
+    /// sequence past what the state holds.
+    pub fn push(
+        state: &mut SpendState,
+        limit: &str,
+        entries: Vec<(u32, u64)>,
+        lifetime: u64,
+        events: u64,
+        now: i64,
+    ) {
+        state.apply(
+            &SumsUpdate {
+                shard: "all".into(),
+                epoch: 1,
+                seq: state.shards.values().map(|s| s.seq).max().unwrap_or(0) + 1,
+                push_seq: state.shards.values().map(|s| s.push_seq).max().unwrap_or(0) + 1,
+                full: false,
+                watermark_ms: now,
+                source_ms: now,
+                entries: entries
+                    .into_iter()
+                    .map(|(bucket, micros)| SumEntry {
+                        limit: limit.into(),
+                        bucket,
+                        bucket_micros: micros,
+                        lifetime_micros: lifetime,
+                        lifetime_events: events,
+                    })
+                    .collect(),
+            },
+            now,
+        );
+    }
+
+    pub const HIERARCHY: &[u8] = br#"{
+      "limits": {
+        "account": {"budget_micros": 10000, "period": "lifetime"},
+        "campaign": {"budget_micros": 5000, "period": "daily", "time_zone": "Europe/Berlin", "parent": "account"},
+        "adset-a": {"budget_micros": 1000, "period": "lifetime", "parent": "campaign"},
+        "adset-b": {"budget_micros": 4000, "period": "lifetime", "parent": "campaign"}
+      },
+      "ads": {"ad-a": ["adset-a"], "ad-b": ["adset-b"]}
+    }"#;
+}

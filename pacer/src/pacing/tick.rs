@@ -1,0 +1,142 @@
+//! The periodic tick: advances every daily limit's controller and records
+//! the history points the dashboard charts.
+
+use adspend_common::catalog::Catalog;
+use chrono::{DateTime, Utc};
+
+use super::verdict::{elapsed_fraction, period_spend, plan_micros, verdict};
+use crate::controller::{Gains, Observation};
+use crate::state::{Pacing, Point, SpendState};
+
+/// Most points kept per limit; when full, every other point is dropped, so
+/// the history always spans the whole period at a coarser resolution.
+const HISTORY_POINTS: usize = 720;
+/// Limits with a history (the memory bound of the dashboard's charts).
+const HISTORY_LIMITS: usize = 10_000;
+
+/// Advance every daily limit's controller to `now`; record history points.
+pub fn tick(
+    state: &mut SpendState,
+    catalog: &Catalog,
+    now: DateTime<Utc>,
+    dt_min: f64,
+    record: bool,
+    gains: &Gains,
+) {
+    let now_ms = now.timestamp_millis();
+    let mut with_history = state
+        .pacing
+        .values()
+        .filter(|p| !p.history.is_empty())
+        .count();
+    for limit in catalog.limits.values() {
+        let Some(sums) = state.limits.get(&*limit.id) else {
+            continue;
+        };
+        let spend = period_spend(limit, Some(sums), now);
+        let rate = sums.rate_per_ms;
+        let bucket = limit.period_at(now).bucket;
+        let plan = plan_micros(limit, state, now);
+        let observation = match (elapsed_fraction(limit, now), limit.budget_micros) {
+            (Some((f, length_ms)), budget) if budget > 0 => {
+                let budget = budget as f64;
+                Some(Observation {
+                    plan: plan as f64 / budget,
+                    spent: spend as f64 / budget,
+                    plan_rate: state.shape.plan_density(f) / (length_ms / 60_000.0),
+                    rate: rate * 60_000.0 / budget,
+                })
+            }
+            _ => None,
+        };
+        let has_history = state
+            .pacing
+            .get(&*limit.id)
+            .is_some_and(|p| !p.history.is_empty());
+        let record = record && (has_history || with_history < HISTORY_LIMITS);
+        if observation.is_none() && !record {
+            continue;
+        }
+        let pacing = state
+            .pacing
+            .entry(limit.id.clone())
+            .or_insert_with(|| Pacing {
+                bucket,
+                ..Pacing::default()
+            });
+        if pacing.bucket != bucket {
+            // A new period: start over, keep nothing of yesterday's integral.
+            *pacing = Pacing {
+                bucket,
+                ..Pacing::default()
+            };
+        }
+        if let Some(obs) = observation {
+            pacing.controller.step(&obs, dt_min, gains);
+        }
+        if record {
+            // The multiplier the API serves (guard and exhaustion included).
+            let multiplier = verdict(limit, state, now).multiplier;
+            let Some(pacing) = state.pacing.get_mut(&*limit.id) else {
+                continue;
+            };
+            if pacing.history.len() >= HISTORY_POINTS {
+                let mut keep = false;
+                pacing.history.retain(|_| {
+                    keep = !keep;
+                    keep
+                });
+            }
+            with_history += usize::from(pacing.history.is_empty());
+            pacing.history.push(Point {
+                t: now_ms,
+                spend_micros: spend,
+                plan_micros: plan,
+                multiplier,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pacing::test_support::push;
+    use crate::pacing::view;
+    use chrono::TimeZone;
+
+    #[test]
+    fn ahead_of_plan_lowers_the_multiplier_over_ticks() {
+        let catalog = Catalog::parse(
+            "t",
+            br#"{"limits":{"d":{"budget_micros":1000000,"period":"daily"}}}"#,
+        )
+        .unwrap();
+        let limit = catalog.limit("d").unwrap();
+        // 06:00 UTC: a quarter of the day, 60% spent.
+        let now = Utc.with_ymd_and_hms(2026, 11, 21, 6, 0, 0).unwrap();
+        let mut state = SpendState::default();
+        let today = limit.bucket_of(now.timestamp_millis());
+        push(
+            &mut state,
+            "d",
+            vec![(today, 600_000)],
+            600_000,
+            600,
+            now.timestamp_millis(),
+        );
+        for i in 0..10 {
+            tick(
+                &mut state,
+                &catalog,
+                now + chrono::Duration::minutes(i),
+                1.0,
+                true,
+                &Gains::default(),
+            );
+        }
+        let v = view(limit, &state, now + chrono::Duration::minutes(10));
+        assert!(v.pacing.multiplier < 0.5, "{}", v.pacing.multiplier);
+        assert_eq!(state.pacing["d"].history.len(), 10);
+    }
+}

@@ -1,0 +1,230 @@
+//! The pacing numbers of one limit at one instant, and the bidder's decision
+//! for an ad built from the verdicts of every limit above it.
+
+use adspend_common::catalog::{Catalog, Limit, Period};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::controller::lag_guard;
+use crate::state::{LimitSums, SpendState};
+
+/// Fraction of the period elapsed at `now` and the period's length in ms
+/// (None for lifetime limits).
+pub(super) fn elapsed_fraction(limit: &Limit, now: DateTime<Utc>) -> Option<(f64, f64)> {
+    let bounds = limit.period_at(now);
+    let (start, end) = (bounds.start?, bounds.end?);
+    let length = (end - start).num_milliseconds().max(1) as f64;
+    let elapsed = (now - start).num_milliseconds() as f64;
+    Some(((elapsed / length).clamp(0.0, 1.0), length))
+}
+
+/// Spend in the current period.
+pub(super) fn period_spend(limit: &Limit, sums: Option<&LimitSums>, now: DateTime<Utc>) -> u64 {
+    match limit.period {
+        Period::Lifetime => sums.map_or(0, |s| s.lifetime_micros),
+        Period::Daily => {
+            let bucket = limit.period_at(now).bucket;
+            sums.and_then(|s| s.buckets.get(&bucket).copied())
+                .unwrap_or(0)
+        }
+    }
+}
+
+pub(super) fn plan_micros(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> u64 {
+    match elapsed_fraction(limit, now) {
+        Some((f, _)) => (limit.budget_micros as f64 * state.shape.plan_fraction(f)).round() as u64,
+        None => limit.budget_micros,
+    }
+}
+
+/// The pacing numbers of one limit, without the presentation strings: what
+/// both the limit view and the bidder's decisions need.
+#[derive(Debug, Clone, Copy)]
+pub struct Verdict {
+    pub spend: u64,
+    pub remaining: u64,
+    pub exhausted: bool,
+    pub multiplier: f64,
+    pub overspend_bound: u64,
+    pub watermark_ms: Option<i64>,
+    pub staleness_ms: i64,
+}
+
+pub fn verdict(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> Verdict {
+    let sums: Option<&LimitSums> = state.limits.get(&*limit.id);
+    let spend = period_spend(limit, sums, now);
+    let remaining = limit.budget_micros.saturating_sub(spend);
+    let typical = sums.map_or(0.0, |s| s.avg_cost);
+    let exhausted = remaining == 0 || (remaining as f64) < typical;
+    let watermark_ms = state.watermark_ms(sums);
+    let staleness_ms = watermark_ms.map_or(0, |w| (now.timestamp_millis() - w).max(0));
+    // The guard plans for the worse of the measured p99 and the current staleness.
+    let lag_ms = state.lag.p99().max(staleness_ms);
+    let controlled = match (limit.period, state.pacing.get(&*limit.id)) {
+        (Period::Daily, Some(p)) if p.bucket == limit.bucket_of(now.timestamp_millis()) => {
+            p.controller.multiplier
+        }
+        _ => 1.0,
+    };
+    // In flight: the recent peak rate, raised by how much the traffic shape
+    // expects it to grow within the lag.
+    let growth = match elapsed_fraction(limit, now) {
+        Some((f, length)) => {
+            let later = (f + lag_ms as f64 / length).min(1.0);
+            (state.shape.plan_density(later) / state.shape.plan_density(f).max(1e-9)).max(1.0)
+        }
+        None => 1.0,
+    };
+    let rate = sums.map_or(0.0, |s| s.peak_rate_per_ms.max(s.rate_per_ms)) * growth;
+    let max_cost = sums.map_or(0, |s| s.max_cost.max(s.avg_cost.ceil() as u64));
+    let guard = lag_guard(remaining, rate, controlled, lag_ms as f64, max_cost);
+    Verdict {
+        spend,
+        remaining,
+        exhausted,
+        multiplier: if exhausted {
+            0.0
+        } else {
+            controlled.min(guard.cap)
+        },
+        overspend_bound: guard.overspend_bound,
+        watermark_ms,
+        staleness_ms,
+    }
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Decision {
+    pub ad_id: String,
+    pub servable: bool,
+    pub multiplier: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'static str>,
+}
+
+/// May the bidder bid on `ad_id`, and how hard: servable only if every limit
+/// above the ad (its own and their parents) is; the multiplier is the least
+/// of theirs.
+pub fn decide(
+    catalog: &Catalog,
+    state: &SpendState,
+    ad_id: String,
+    now: DateTime<Utc>,
+) -> Decision {
+    let Some(limits) = catalog.limits_of_ad(&ad_id) else {
+        return Decision {
+            ad_id,
+            servable: false,
+            multiplier: 0.0,
+            error: Some("unknown ad"),
+        };
+    };
+    let mut multiplier: f64 = 1.0;
+    let mut servable = true;
+    let mut seen: Vec<&str> = Vec::with_capacity(limits.len() + 2);
+    for direct in limits {
+        let mut cursor = Some(direct);
+        while let Some(limit) = cursor {
+            if seen.contains(&&*limit.id) {
+                break;
+            }
+            seen.push(&limit.id);
+            let v = verdict(limit, state, now);
+            servable &= !v.exhausted;
+            multiplier = multiplier.min(v.multiplier);
+            cursor = limit.parent.as_deref().and_then(|p| catalog.limit(p));
+        }
+    }
+    Decision {
+        ad_id,
+        servable,
+        multiplier: if servable { multiplier } else { 0.0 },
+        error: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pacing::test_support::{push, HIERARCHY};
+    use crate::pacing::view;
+    use chrono::TimeZone;
+
+    #[test]
+    fn exhausted_when_the_remainder_cannot_pay_a_typical_event() {
+        let catalog = Catalog::parse(
+            "t",
+            br#"{"limits":{"l":{"budget_micros":1000,"period":"lifetime"}}}"#,
+        )
+        .unwrap();
+        let limit = catalog.limit("l").unwrap();
+        let now = Utc.with_ymd_and_hms(2026, 11, 21, 17, 0, 0).unwrap();
+        let mut state = SpendState::default();
+        // 10 events of 95 micros: 50 left, less than one typical event.
+        push(
+            &mut state,
+            "l",
+            vec![(u32::MAX, 950)],
+            950,
+            10,
+            now.timestamp_millis(),
+        );
+        let v = view(limit, &state, now);
+        assert_eq!(v.remaining_micros, 50);
+        assert!(v.exhausted);
+        assert_eq!(v.pacing.multiplier, 0.0);
+    }
+
+    #[test]
+    fn an_ad_is_servable_only_if_every_limit_above_it_is() {
+        let catalog = Catalog::parse("t", HIERARCHY).unwrap();
+        let now = Utc.with_ymd_and_hms(2026, 11, 21, 11, 0, 0).unwrap();
+        let ms = now.timestamp_millis();
+        let day = catalog.limit("campaign").unwrap().bucket_of(ms);
+        let mut state = SpendState::default();
+        let d = |state: &SpendState, ad: &str| decide(&catalog, state, ad.to_string(), now);
+        assert!(d(&state, "ad-a").servable && d(&state, "ad-b").servable);
+        // adset-a spent out (10 events of 100): only ad-a stops.
+        push(&mut state, "adset-a", vec![(u32::MAX, 1000)], 1000, 10, ms);
+        assert!(!d(&state, "ad-a").servable);
+        assert_eq!(d(&state, "ad-a").multiplier, 0.0);
+        assert!(d(&state, "ad-b").servable);
+        // The campaign above both spent out today: both stop, through `parent`.
+        push(&mut state, "campaign", vec![(day, 5000)], 5000, 50, ms);
+        assert!(!d(&state, "ad-b").servable);
+        let unknown = d(&state, "nope");
+        assert_eq!(
+            (unknown.servable, unknown.error),
+            (false, Some("unknown ad"))
+        );
+    }
+
+    #[test]
+    fn a_budget_change_applies_at_once() {
+        let before = Catalog::parse("t", HIERARCHY).unwrap();
+        let after = Catalog::parse(
+            "t",
+            &String::from_utf8_lossy(HIERARCHY)
+                .replace("1000, \"period\"", "3000, \"period\"")
+                .into_bytes(),
+        )
+        .unwrap();
+        let now = Utc.with_ymd_and_hms(2026, 11, 21, 11, 0, 0).unwrap();
+        let mut state = SpendState::default();
+        push(
+            &mut state,
+            "adset-a",
+            vec![(u32::MAX, 1000)],
+            1000,
+            10,
+            now.timestamp_millis(),
+        );
+        assert!(view(before.limit("adset-a").unwrap(), &state, now).exhausted);
+        let v = view(after.limit("adset-a").unwrap(), &state, now);
+        assert_eq!(
+            (v.budget_micros, v.remaining_micros, v.exhausted),
+            (3000, 2000, false)
+        );
+        assert!(decide(&after, &state, "ad-a".into(), now).servable);
+    }
+}

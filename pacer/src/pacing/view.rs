@@ -1,0 +1,139 @@
+//! A limit's verdict as `GET /v1/limits` serves it: the contract's fields,
+//! timestamps as RFC 3339 strings.
+
+use adspend_common::catalog::Limit;
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+
+use super::verdict::{plan_micros, verdict};
+use crate::state::SpendState;
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PacingView {
+    pub multiplier: f64,
+    pub throttle: f64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LimitView {
+    pub limit_id: String,
+    pub budget_micros: u64,
+    pub period: &'static str,
+    pub time_zone: String,
+    pub period_start: Option<String>,
+    pub period_end: Option<String>,
+    pub spend_micros: u64,
+    pub lifetime_spend_micros: u64,
+    pub remaining_micros: u64,
+    pub exhausted: bool,
+    pub pacing: PacingView,
+    pub watermark: Option<String>,
+    pub lag_ms: i64,
+    pub overspend_bound_micros: u64,
+    /// Planned spend by now (daily limits; the budget for lifetime ones).
+    pub plan_micros: u64,
+}
+
+fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+pub fn view(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> LimitView {
+    let bounds = limit.period_at(now);
+    let v = verdict(limit, state, now);
+    LimitView {
+        limit_id: limit.id.to_string(),
+        budget_micros: limit.budget_micros,
+        period: limit.period.as_str(),
+        time_zone: limit.time_zone.name().to_string(),
+        period_start: bounds.start.map(rfc3339),
+        period_end: bounds.end.map(rfc3339),
+        spend_micros: v.spend,
+        lifetime_spend_micros: state
+            .limits
+            .get(&*limit.id)
+            .map_or(0, |s| s.lifetime_micros),
+        remaining_micros: v.remaining,
+        exhausted: v.exhausted,
+        pacing: PacingView {
+            multiplier: v.multiplier,
+            throttle: 1.0 - v.multiplier,
+        },
+        watermark: v
+            .watermark_ms
+            .and_then(DateTime::<Utc>::from_timestamp_millis)
+            .map(rfc3339),
+        lag_ms: v.staleness_ms,
+        overspend_bound_micros: v.overspend_bound,
+        plan_micros: plan_micros(limit, state, now),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pacing::test_support::push;
+    use adspend_common::catalog::Catalog;
+    use chrono::TimeZone;
+
+    #[test]
+    fn daily_spend_is_the_current_local_day() {
+        let catalog = Catalog::parse(
+            "t",
+            br#"{"limits":{"d":{"budget_micros":1000,"period":"daily","time_zone":"America/New_York"}}}"#,
+        )
+        .unwrap();
+        let limit = catalog.limit("d").unwrap();
+        // 2026-11-21 12:00 New York.
+        let now = Utc.with_ymd_and_hms(2026, 11, 21, 17, 0, 0).unwrap();
+        let today = limit.bucket_of(now.timestamp_millis());
+        let mut state = SpendState::default();
+        push(
+            &mut state,
+            "d",
+            vec![(today - 1, 300), (today, 600)],
+            900,
+            9,
+            now.timestamp_millis(),
+        );
+        let v = view(limit, &state, now);
+        assert_eq!(v.spend_micros, 600);
+        assert_eq!(v.lifetime_spend_micros, 900);
+        assert_eq!(v.remaining_micros, 400);
+        assert_eq!(v.period_start.as_deref(), Some("2026-11-21T05:00:00.000Z"));
+        assert_eq!(v.period_end.as_deref(), Some("2026-11-22T05:00:00.000Z"));
+        assert_eq!(v.plan_micros, 500);
+        assert!(!v.exhausted);
+    }
+
+    #[test]
+    fn dst_days_plan_the_full_budget_over_23_and_25_hours() {
+        let catalog = Catalog::parse(
+            "t",
+            br#"{"limits":{"d":{"budget_micros":2400000,"period":"daily","time_zone":"America/New_York"}}}"#,
+        )
+        .unwrap();
+        let limit = catalog.limit("d").unwrap();
+        let state = SpendState::default();
+        for (day, hours) in [
+            ((2026, 3, 8), 23),
+            ((2026, 11, 1), 25),
+            ((2026, 11, 21), 24),
+        ] {
+            // Local noon of that day, then the period it falls in.
+            let noon = Utc.with_ymd_and_hms(day.0, day.1, day.2, 17, 0, 0).unwrap();
+            let v = view(limit, &state, noon);
+            let start: DateTime<Utc> = v.period_start.unwrap().parse().unwrap();
+            let end: DateTime<Utc> = v.period_end.unwrap().parse().unwrap();
+            assert_eq!((end - start).num_hours(), hours, "{day:?}");
+            // The plan reaches the whole budget at the period's last instant.
+            let last = view(limit, &state, end - chrono::Duration::milliseconds(1));
+            assert!(
+                limit.budget_micros - last.plan_micros <= 1,
+                "{day:?}: {}",
+                last.plan_micros
+            );
+            assert_eq!(view(limit, &state, start).plan_micros, 0);
+        }
+    }
+}
