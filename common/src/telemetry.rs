@@ -61,6 +61,13 @@ pub const FRESHNESS_BUCKETS: &[f64] = &[
     1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
 ];
 pub const DECISIONS_TOTAL: &str = "adspend_decisions_total";
+/// Shards with no push (heartbeats included) for `ADSPEND_PACER_STALE_AFTER_MS`.
+pub const PACER_STALE_SHARDS: &str = "adspend_pacer_stale_shards";
+/// Catalog limits that are stale (their ads are not servable).
+pub const PACER_STALE_LIMITS: &str = "adspend_pacer_stale_limits";
+/// API requests refused, by `reason`: `unauthorized` (no or unknown bearer
+/// token), `forbidden` (a token of the other scope) or `timeout`.
+pub const PACER_HTTP_REFUSED_TOTAL: &str = "adspend_pacer_http_refused_total";
 
 /// Bucket bounds of the ownership histograms (handover, failover).
 pub const OWNERSHIP_BUCKETS: &[f64] = &[

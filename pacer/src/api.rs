@@ -138,6 +138,8 @@ struct ShardView {
     lag_ms: i64,
     /// When the last push from the shard arrived (unix ms).
     updated_ms: i64,
+    /// No push (not even a heartbeat) for the stale threshold.
+    stale: bool,
 }
 
 #[derive(Serialize)]
@@ -149,6 +151,7 @@ struct Shards {
 /// is; operators and the cluster tests watch ownership move here.
 async fn list_shards(State(app): State<AppState>) -> Response {
     let spend = app.spend.read().await;
+    let now_ms = Utc::now().timestamp_millis();
     let mut shards: Vec<ShardView> = spend
         .shards
         .iter()
@@ -159,6 +162,7 @@ async fn list_shards(State(app): State<AppState>) -> Response {
             watermark: s.watermark_ms,
             lag_ms: s.lag_ms,
             updated_ms: s.updated_ms,
+            stale: spend.shard_stale(s, now_ms),
         })
         .collect();
     shards.sort_by(|a, b| a.shard.cmp(&b.shard));

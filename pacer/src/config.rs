@@ -21,6 +21,14 @@ pub struct Config {
     /// Prometheus /metrics listen address (also served on the API port).
     #[arg(long, env = "ADSPEND_METRICS_ADDR", default_value = "127.0.0.1:9103")]
     pub metrics_addr: String,
+    /// Milliseconds after which a shard whose owner has pushed nothing (not
+    /// even its heartbeat, sent at least every second while idle) is stale:
+    /// its limits say `"stale": true` and the ads under them are not
+    /// servable until it pushes again. Keep it above the aggregators' push
+    /// interval (ADSPEND_PUSH_INTERVAL_MS).
+    #[arg(long, env = "ADSPEND_PACER_STALE_AFTER_MS", default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(2_000..=86_400_000))]
+    pub stale_after_ms: u64,
 }
 
 impl Config {

@@ -17,6 +17,7 @@ pub mod state;
 use std::sync::Arc;
 
 use adspend_common::nats;
+use adspend_common::telemetry::{PACER_STALE_LIMITS, PACER_STALE_SHARDS};
 use tokio::sync::RwLock;
 use tokio_util::sync::CancellationToken;
 
@@ -29,8 +30,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let source = config.catalog.source(&config.etcd)?;
     let catalog = source.clone().watch(shutdown.clone()).await?;
     let client = nats::connect(&config.nats.nats_url, "adspend-pacer").await?;
-    let spend = Arc::new(RwLock::new(state::SpendState::default()));
     let pushes = ingest::subscribe(&client).await?;
+    let spend = Arc::new(RwLock::new(state::SpendState {
+        stale_after_ms: config.stale_after_ms as i64,
+        listening_since_ms: Some(adspend_common::now_ms()),
+        ..state::SpendState::default()
+    }));
     let listener =
         tokio::net::TcpListener::bind(addr)
             .await
@@ -92,5 +97,11 @@ async fn ticker(
         if ticks.is_multiple_of(3600) {
             state.shape.decay(0.96);
         }
+        let now = chrono::Utc::now();
+        let stale_shards = state.mark_stale_shards(now.timestamp_millis());
+        let stale_limits = pacing::stale_limits(&state, &catalog, now);
+        drop(state);
+        metrics::gauge!(PACER_STALE_SHARDS).set(stale_shards as f64);
+        metrics::gauge!(PACER_STALE_LIMITS).set(stale_limits as f64);
     }
 }

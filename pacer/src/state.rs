@@ -6,6 +6,11 @@
 //! dropped too. Both owners of a shard compute the same sums for the same
 //! sequence (the log and the dedupe rules are deterministic), so comparing
 //! sequences is enough to never go backwards while a new owner catches up.
+//!
+//! A shard is stale when no push from its current owner (an empty heartbeat
+//! counts: aggregators push one at least every second while idle) has been
+//! accepted for longer than `stale_after_ms`: its owner is gone or cut off,
+//! and spend it has not pushed may already exceed what the pacer holds.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -45,7 +50,10 @@ pub struct ShardState {
     pub watermark_ms: i64,
     /// Freshness: arrival time minus the earliest source publish time.
     pub lag_ms: i64,
+    /// When the last accepted push (heartbeats included) arrived, unix ms.
     pub updated_ms: i64,
+    /// Stale as of the last tick: turns a change into one log line.
+    pub reported_stale: bool,
 }
 
 /// Freshness samples (arrival minus source publish time) over a window, and
@@ -114,13 +122,37 @@ pub struct Pacing {
     pub history: Vec<Point>,
 }
 
-#[derive(Debug, Default)]
+/// How long a shard may go without an accepted push before its limits are
+/// stale (`ADSPEND_PACER_STALE_AFTER_MS`).
+pub const DEFAULT_STALE_AFTER_MS: i64 = 30_000;
+
+#[derive(Debug)]
 pub struct SpendState {
     pub limits: HashMap<String, LimitSums>,
     pub shards: HashMap<Arc<str>, ShardState>,
     pub lag: LagWindow,
     pub shape: TrafficShape,
     pub pacing: HashMap<Arc<str>, Pacing>,
+    /// A shard with no accepted push for longer than this is stale.
+    pub stale_after_ms: i64,
+    /// When the pacer started listening for pushes (unix ms): with no shard
+    /// heard from at all, every limit is stale once this is `stale_after_ms`
+    /// old. `None` (tests, benches): never stale for want of any shard.
+    pub listening_since_ms: Option<i64>,
+}
+
+impl Default for SpendState {
+    fn default() -> Self {
+        SpendState {
+            limits: HashMap::new(),
+            shards: HashMap::new(),
+            lag: LagWindow::default(),
+            shape: TrafficShape::default(),
+            pacing: HashMap::new(),
+            stale_after_ms: DEFAULT_STALE_AFTER_MS,
+            listening_since_ms: None,
+        }
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -233,6 +265,56 @@ impl SpendState {
     pub fn lag_ms(&self) -> i64 {
         self.shards.values().map(|s| s.lag_ms).max().unwrap_or(0)
     }
+
+    /// No push from the shard's owner accepted for longer than `stale_after_ms`.
+    pub fn shard_stale(&self, shard: &ShardState, now_ms: i64) -> bool {
+        now_ms - shard.updated_ms > self.stale_after_ms
+    }
+
+    /// Whether a limit's sums may be out of date by more than the lag guard
+    /// can account for: its shard is stale. A limit with no spend yet could
+    /// get it from any shard (as its watermark is the oldest of all), so it
+    /// is stale when any shard is, or when none has pushed since the pacer
+    /// started listening `stale_after_ms` ago.
+    pub fn limit_stale(&self, limit: Option<&LimitSums>, now_ms: i64) -> bool {
+        let shard = limit
+            .and_then(|l| l.shard.as_ref())
+            .and_then(|s| self.shards.get(s));
+        match shard {
+            Some(shard) => self.shard_stale(shard, now_ms),
+            None if self.shards.is_empty() => self
+                .listening_since_ms
+                .is_some_and(|since| now_ms - since > self.stale_after_ms),
+            None => self.shards.values().any(|s| self.shard_stale(s, now_ms)),
+        }
+    }
+
+    /// Record which shards are stale at `now_ms`, logging each change once;
+    /// returns how many are.
+    pub fn mark_stale_shards(&mut self, now_ms: i64) -> usize {
+        let after_ms = self.stale_after_ms;
+        let mut stale = 0;
+        for (name, shard) in &mut self.shards {
+            let is_stale = now_ms - shard.updated_ms > after_ms;
+            stale += usize::from(is_stale);
+            if is_stale == shard.reported_stale {
+                continue;
+            }
+            shard.reported_stale = is_stale;
+            if is_stale {
+                tracing::error!(
+                    shard = %name,
+                    epoch = shard.epoch,
+                    seq = shard.seq,
+                    silent_ms = now_ms - shard.updated_ms,
+                    "shard stale: no push from its owner; ads under its limits are not servable until it pushes again"
+                );
+            } else {
+                tracing::info!(shard = %name, epoch = shard.epoch, seq = shard.seq, "shard pushing again, no longer stale");
+            }
+        }
+        stale
+    }
 }
 
 #[cfg(test)]
@@ -289,6 +371,37 @@ mod tests {
         // Samples older than five minutes leave the window.
         window.record(2_000 + LAG_WINDOW_MS + 1_000, 5);
         assert_eq!(window.p99(), 5);
+    }
+
+    #[test]
+    fn a_shard_is_stale_after_a_silence_and_fresh_with_its_next_push() {
+        let mut state = SpendState {
+            stale_after_ms: 1_000,
+            listening_since_ms: Some(0),
+            ..SpendState::default()
+        };
+        // Nothing heard yet: not stale until the pacer has listened that long.
+        assert!(!state.limit_stale(None, 1_000));
+        assert!(state.limit_stale(None, 1_001));
+        assert_eq!(state.apply(&update(1, 1, 1, 10), 5_000), Applied::Ok);
+        let a = state.limits["a"].clone();
+        assert!(!state.limit_stale(Some(&a), 6_000));
+        assert_eq!(state.mark_stale_shards(6_000), 0);
+        assert!(state.limit_stale(Some(&a), 6_001));
+        assert_eq!(state.mark_stale_shards(6_001), 1);
+        // A limit with no spend yet could be any shard's: stale as well.
+        assert!(state.limit_stale(None, 6_001));
+        // A heartbeat (no entries) is progress.
+        let mut heartbeat = update(1, 1, 2, 10);
+        heartbeat.entries.clear();
+        assert_eq!(state.apply(&heartbeat, 7_000), Applied::Ok);
+        assert!(!state.limit_stale(Some(&a), 7_500));
+        assert!(!state.limit_stale(None, 7_500));
+        assert_eq!(state.mark_stale_shards(7_500), 0);
+        // A fenced owner's pushes are not.
+        assert_eq!(state.apply(&update(2, 2, 1, 10), 7_600), Applied::Ok);
+        assert_eq!(state.apply(&update(1, 3, 3, 10), 9_000), Applied::Stale);
+        assert!(state.limit_stale(Some(&a), 8_601));
     }
 
     #[test]

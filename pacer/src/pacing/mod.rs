@@ -11,14 +11,16 @@
 //! - Plan: the budget spread over the period following the learned traffic
 //!   shape (blended with uniform), [`crate::shape`].
 //! - Multiplier: the controller's output ([`crate::controller`]), capped by
-//!   the lag guard; 0 when exhausted.
+//!   the lag guard; 0 when exhausted or stale.
 //! - Exhausted: the remainder cannot pay for one more typical event.
+//! - Stale: the limit's shard has not pushed (not even a heartbeat) for the
+//!   stale threshold; not servable ([`crate::state::SpendState::limit_stale`]).
 
 mod tick;
 mod verdict;
 mod view;
 
-pub use tick::tick;
+pub use tick::{stale_limits, tick};
 pub use verdict::{decide, verdict, Decision, Verdict};
 pub use view::{view, LimitView, PacingView};
 

@@ -98,6 +98,16 @@ pub fn tick(
     }
 }
 
+/// Catalog limits that are stale at `now` (the stale-limits gauge).
+pub fn stale_limits(state: &SpendState, catalog: &Catalog, now: DateTime<Utc>) -> usize {
+    let now_ms = now.timestamp_millis();
+    catalog
+        .limits
+        .values()
+        .filter(|l| state.limit_stale(state.limits.get(&*l.id), now_ms))
+        .count()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

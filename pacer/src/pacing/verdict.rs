@@ -48,6 +48,8 @@ pub struct Verdict {
     pub overspend_bound: u64,
     pub watermark_ms: Option<i64>,
     pub staleness_ms: i64,
+    /// The limit's shard has not pushed for `stale_after_ms`: not servable.
+    pub stale: bool,
 }
 
 pub fn verdict(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> Verdict {
@@ -57,6 +59,7 @@ pub fn verdict(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> Verdict
     let typical = sums.map_or(0.0, |s| s.avg_cost);
     let exhausted = remaining == 0 || (remaining as f64) < typical;
     let watermark_ms = state.watermark_ms(sums);
+    let stale = state.limit_stale(sums, now.timestamp_millis());
     let staleness_ms = watermark_ms.map_or(0, |w| (now.timestamp_millis() - w).max(0));
     // The guard plans for the worse of the measured p99 and the current staleness.
     let lag_ms = state.lag.p99().max(staleness_ms);
@@ -82,7 +85,9 @@ pub fn verdict(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> Verdict
         spend,
         remaining,
         exhausted,
-        multiplier: if exhausted {
+        // Stale: not capped by the guard but stopped, because the guard's
+        // in-flight estimate comes from the very pushes that stopped.
+        multiplier: if exhausted || stale {
             0.0
         } else {
             controlled.min(guard.cap)
@@ -90,6 +95,7 @@ pub fn verdict(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> Verdict
         overspend_bound: guard.overspend_bound,
         watermark_ms,
         staleness_ms,
+        stale,
     }
 }
 
@@ -100,11 +106,15 @@ pub struct Decision {
     pub multiplier: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<&'static str>,
+    /// Some limit above the ad is stale (the reason it is not servable);
+    /// serialized only when true.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub stale: bool,
 }
 
 /// May the bidder bid on `ad_id`, and how hard: servable only if every limit
-/// above the ad (its own and their parents) is; the multiplier is the least
-/// of theirs.
+/// above the ad (its own and their parents) is, that is neither exhausted nor
+/// stale; the multiplier is the least of theirs.
 pub fn decide(
     catalog: &Catalog,
     state: &SpendState,
@@ -117,10 +127,12 @@ pub fn decide(
             servable: false,
             multiplier: 0.0,
             error: Some("unknown ad"),
+            stale: false,
         };
     };
     let mut multiplier: f64 = 1.0;
     let mut servable = true;
+    let mut stale = false;
     let mut seen: Vec<&str> = Vec::with_capacity(limits.len() + 2);
     for direct in limits {
         let mut cursor = Some(direct);
@@ -130,7 +142,8 @@ pub fn decide(
             }
             seen.push(&limit.id);
             let v = verdict(limit, state, now);
-            servable &= !v.exhausted;
+            servable &= !v.exhausted && !v.stale;
+            stale |= v.stale;
             multiplier = multiplier.min(v.multiplier);
             cursor = limit.parent.as_deref().and_then(|p| catalog.limit(p));
         }
@@ -140,6 +153,7 @@ pub fn decide(
         servable,
         multiplier: if servable { multiplier } else { 0.0 },
         error: None,
+        stale,
     }
 }
 
@@ -197,6 +211,46 @@ mod tests {
             (unknown.servable, unknown.error),
             (false, Some("unknown ad"))
         );
+    }
+
+    #[test]
+    fn a_stale_shard_stops_its_limits_and_the_ads_under_them() {
+        let catalog = Catalog::parse("t", HIERARCHY).unwrap();
+        let now = Utc.with_ymd_and_hms(2026, 11, 21, 11, 0, 0).unwrap();
+        let ms = now.timestamp_millis();
+        let mut state = SpendState::default();
+        push(&mut state, "adset-a", vec![(u32::MAX, 100)], 100, 1, ms);
+        let later = now + chrono::Duration::milliseconds(state.stale_after_ms);
+        let fresh = decide(&catalog, &state, "ad-a".into(), later);
+        assert!(fresh.servable && !fresh.stale, "{fresh:?}");
+        assert!(!view(catalog.limit("adset-a").unwrap(), &state, later).stale);
+
+        let silent = later + chrono::Duration::milliseconds(1);
+        let v = view(catalog.limit("adset-a").unwrap(), &state, silent);
+        assert!(v.stale && !v.exhausted);
+        assert_eq!((v.pacing.multiplier, v.pacing.throttle), (0.0, 1.0));
+        // adset-a's shard is the only one: every limit above it is stale too
+        // (the ones with no spend could be that shard's).
+        assert!(view(catalog.limit("account").unwrap(), &state, silent).stale);
+        for ad in ["ad-a", "ad-b"] {
+            let d = decide(&catalog, &state, ad.into(), silent);
+            assert_eq!((d.servable, d.multiplier, d.stale), (false, 0.0, true));
+            let json = serde_json::to_value(&d).unwrap();
+            assert_eq!(json["stale"], true);
+        }
+        // The next push (a heartbeat would do) makes them servable again.
+        push(
+            &mut state,
+            "adset-a",
+            vec![(u32::MAX, 100)],
+            100,
+            1,
+            silent.timestamp_millis(),
+        );
+        let d = decide(&catalog, &state, "ad-a".into(), silent);
+        assert!(d.servable && !d.stale);
+        let json = serde_json::to_value(&d).unwrap();
+        assert!(json.get("stale").is_none(), "{json}");
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub struct LimitView {
     pub pacing: PacingView,
     pub watermark: Option<String>,
     pub lag_ms: i64,
+    /// The limit's shard has not pushed for the stale threshold: its ads are
+    /// not servable (see [`crate::state::SpendState::limit_stale`]).
+    pub stale: bool,
     pub overspend_bound_micros: u64,
     /// Planned spend by now (daily limits; the budget for lifetime ones).
     pub plan_micros: u64,
@@ -64,6 +67,7 @@ pub fn view(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> LimitView 
             .and_then(DateTime::<Utc>::from_timestamp_millis)
             .map(rfc3339),
         lag_ms: v.staleness_ms,
+        stale: v.stale,
         overspend_bound_micros: v.overspend_bound,
         plan_micros: plan_micros(limit, state, now),
     }
