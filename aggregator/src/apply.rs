@@ -9,7 +9,7 @@
 //! sequence, commit. Then hand the changed sums to the pusher and marker
 //! positions to the checkpointer.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use adspend_common::telemetry::{
     APPLY_COMMITS_TOTAL, DEDUPE_IDS, DEDUPE_WINDOW_SECONDS, DUPLICATES_DROPPED_TOTAL,
@@ -22,6 +22,7 @@ use rustc_hash::FxHashMap;
 use tokio::sync::{mpsc, watch};
 
 use crate::dedupe::{self, IdSet};
+use crate::delta::Changes;
 use crate::error::Error;
 use crate::fence::Validity;
 pub use crate::handoff::{CheckpointRequest, Dirty, DirtyState, Incoming};
@@ -89,6 +90,9 @@ pub struct Writer {
     /// In cluster mode, the lease this writer applies under: no commit once
     /// it has lapsed.
     lease: Option<Arc<Validity>>,
+    /// What changed since the last checkpoint took it ([`crate::delta`]),
+    /// updated under the same lock as each commit.
+    changes: Arc<Mutex<Changes>>,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -123,6 +127,7 @@ impl Writer {
             new_ids: Vec::new(),
             shard: "all".to_string(),
             lease: None,
+            changes: Arc::new(Mutex::new(Changes::at(last_applied_seq))),
         })
     }
 
@@ -132,6 +137,11 @@ impl Writer {
         self.shard = shard.to_string();
         self.lease = lease;
         self
+    }
+
+    /// What changed since the last checkpoint, for the checkpointer.
+    pub fn changes(&self) -> Arc<Mutex<Changes>> {
+        self.changes.clone()
     }
 
     /// Message ids in the dedupe window.
@@ -257,12 +267,17 @@ impl Writer {
                 }
             }
         }
-        if let (Some(first), false) = (first_applied, self.new_ids.is_empty()) {
-            store
-                .dedupe_log
-                .put(&mut wtxn, &log_key(clock_ms, first), &self.new_ids)
-                .map_err(store.err("put dedupe log"))?;
-        }
+        let log_added = match (first_applied, self.new_ids.is_empty()) {
+            (Some(first), false) => {
+                let key = log_key(clock_ms, first);
+                store
+                    .dedupe_log
+                    .put(&mut wtxn, &key, &self.new_ids)
+                    .map_err(store.err("put dedupe log"))?;
+                Some(key)
+            }
+            _ => None,
+        };
         let mut changed = Vec::with_capacity(lifetime_deltas.len() + bucket_deltas.len());
         let mut new_lifetimes: FxHashMap<&str, (u64, u64)> = FxHashMap::default();
         new_lifetimes.reserve(lifetime_deltas.len());
@@ -318,9 +333,11 @@ impl Writer {
                 Ok(total.to_be_bytes())
             },
         )?;
-        if clock_ms > 0 {
-            stats.evicted = self.evict(&mut wtxn, clock_ms)?;
-        }
+        let evicted = if clock_ms > 0 {
+            self.evict(&mut wtxn, clock_ms, &mut stats)?
+        } else {
+            Vec::new()
+        };
         store.set_last_applied_seq(&mut wtxn, applied_through)?;
         failpoint::hit("aggregator.before_commit");
         if self.lease.as_ref().is_some_and(|lease| !lease.is_valid()) {
@@ -329,7 +346,18 @@ impl Writer {
                 shard: self.shard.clone(),
             });
         }
-        wtxn.commit().map_err(store.err("commit"))?;
+        {
+            // A checkpoint takes the changes under this lock, so what it
+            // takes is exactly what the commits before it made durable.
+            let mut changes = self.changes.lock().expect("changes lock");
+            wtxn.commit().map_err(store.err("commit"))?;
+            changes.absorb(
+                &changed,
+                log_added.map(|key| (key, self.new_ids.as_slice())),
+                &evicted,
+                applied_through,
+            );
+        }
         failpoint::hit("aggregator.after_commit");
         self.last_applied_seq = applied_through;
 
@@ -359,8 +387,13 @@ impl Writer {
     /// Drop the log entries older than the window (in stream time) or beyond
     /// the count bound, oldest first, and their ids from the set. Whole
     /// entries go, so the count bound may be undershot by one transaction's
-    /// ids.
-    fn evict(&mut self, wtxn: &mut RwTxn<'_>, clock_ms: u64) -> Result<u64, Error> {
+    /// ids. Returns the keys of the entries deleted.
+    fn evict(
+        &mut self,
+        wtxn: &mut RwTxn<'_>,
+        clock_ms: u64,
+        stats: &mut GroupStats,
+    ) -> Result<Vec<[u8; 16]>, Error> {
         let store = self.store.clone();
         let cutoff = clock_ms.saturating_sub(self.dedupe.window_ms);
         let mut evicted = 0u64;
@@ -396,7 +429,8 @@ impl Writer {
             metrics::gauge!(DEDUPE_WINDOW_SECONDS, "shard" => self.shard.clone())
                 .set(clock_ms.saturating_sub(oldest) as f64 / 1000.0);
         }
-        Ok(evicted)
+        stats.evicted = evicted;
+        Ok(doomed)
     }
 }
 

@@ -7,13 +7,14 @@
 //! into the newest.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use adspend_common::checkpoint::{CheckpointRecord, CheckpointStore};
+use adspend_common::checkpoint::{CheckpointRecord, CheckpointStore, DeltaRef};
 use adspend_common::snapshot_store::SnapshotStore;
 use adspend_common::telemetry::{
-    CHECKPOINTS_COALESCED_TOTAL, CHECKPOINTS_TOTAL, CHECKPOINT_SECONDS, SNAPSHOT_BYTES,
+    CHECKPOINTS_COALESCED_TOTAL, CHECKPOINTS_TOTAL, CHECKPOINT_SECONDS,
+    CHECKPOINT_UPLOADED_BYTES_TOTAL, SNAPSHOT_BYTES,
 };
 use adspend_common::{failpoint, now_ms};
 use heed::CompactionOption;
@@ -21,8 +22,10 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::apply::CheckpointRequest;
+use crate::delta::{self, Changes};
 use crate::error::Error;
 use crate::fence::Validity;
+use crate::restore;
 use crate::store::Store;
 
 /// File name of the LMDB data file, in snapshots as in the environment.
@@ -42,6 +45,16 @@ pub struct Checkpointer {
     /// In cluster mode, the lease this shard is owned under: nothing is
     /// uploaded or recorded once it has lapsed.
     pub lease: Option<Arc<Validity>>,
+    /// The writer's changes since the last checkpoint ([`Writer::changes`](crate::apply::Writer::changes)).
+    pub changes: Arc<Mutex<Changes>>,
+    /// The recorded checkpoint the next delta extends; `None` makes the
+    /// next checkpoint a new base. Set it only when the store stands
+    /// exactly at the record (same lineage, same sequence).
+    pub chain: Option<CheckpointRecord>,
+    /// Deltas on one base before a new base is copied (0: every checkpoint
+    /// is a full copy). A new base is also copied once the deltas add up
+    /// to the base's size.
+    pub max_deltas: usize,
 }
 
 impl Checkpointer {
@@ -70,13 +83,21 @@ impl Checkpointer {
             match self.checkpoint(seq).await {
                 Ok(record) => {
                     metrics::counter!(CHECKPOINTS_TOTAL, "outcome" => "ok").increment(1);
-                    metrics::histogram!(CHECKPOINT_SECONDS).record(started.elapsed().as_secs_f64());
+                    let kind = if record.deltas.is_empty() {
+                        "base"
+                    } else {
+                        "delta"
+                    };
+                    metrics::histogram!(CHECKPOINT_SECONDS, "kind" => kind)
+                        .record(started.elapsed().as_secs_f64());
                     metrics::gauge!(SNAPSHOT_BYTES, "shard" => self.shard.clone())
                         .set(record.size_bytes as f64);
                     tracing::debug!(
                         id = record.checkpoint_id,
                         seq = record.seq,
-                        bytes = record.size_bytes,
+                        kind,
+                        deltas = record.deltas.len(),
+                        elapsed_ms = started.elapsed().as_millis() as u64,
                         "checkpoint recorded"
                     );
                 }
@@ -93,22 +114,103 @@ impl Checkpointer {
         }
     }
 
+    /// Take a checkpoint covering at least `marker_seq`: a delta on top of
+    /// the recorded chain when there is one to extend, else a new base.
     pub async fn checkpoint(&mut self, marker_seq: u64) -> Result<CheckpointRecord, Error> {
+        let extend = self.chain.as_ref().filter(|chain| {
+            chain.deltas.len() < self.max_deltas && chain.delta_bytes() < chain.size_bytes
+        });
+        let result = match extend.cloned() {
+            Some(chain) => self.delta(chain).await,
+            None => self.base(marker_seq).await,
+        };
+        match &result {
+            Ok(record) => self.chain = Some(record.clone()),
+            // What was taken from the writer is gone with the failed
+            // attempt: the next checkpoint starts a new base.
+            Err(_) => self.chain = None,
+        }
+        result
+    }
+
+    /// Upload the changes since the last checkpoint and record them as the
+    /// next link of `chain`.
+    async fn delta(&mut self, chain: CheckpointRecord) -> Result<CheckpointRecord, Error> {
+        let id = self.next_id;
+        std::fs::create_dir_all(&self.tmp_dir)
+            .map_err(adspend_common::Error::io("create", &self.tmp_dir))?;
+        let file = self.tmp_dir.join(format!("delta-{id}"));
+        let changes = self.changes.clone();
+        let (lineage, path) = (self.lineage.clone(), file.clone());
+        let (taken, size) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
+            let taken = changes.lock().expect("changes lock").take();
+            let size = delta::write_file(&taken, &lineage, &path)?;
+            Ok((taken, size))
+        })
+        .await
+        .map_err(|e| Error::Task("delta encoding", e.to_string()))??;
+        if taken.from_seq != chain.seq {
+            let _ = std::fs::remove_file(&file);
+            return Err(Error::SnapshotMismatch {
+                key: format!("{}/{id}", self.shard),
+                reason: format!(
+                    "changes start at sequence {} but the chain is at {}",
+                    taken.from_seq, chain.seq
+                ),
+            });
+        }
+        let seq = taken.to_seq;
+        let key = format!("{}/{id:020}-{seq:020}-e{}.delta", self.shard, self.epoch);
+        self.check_lease()?;
+        tracing::debug!(
+            id,
+            seq,
+            key,
+            sums = taken.sums(),
+            ids = taken.ids_added(),
+            size,
+            "checkpoint: delta written; uploading"
+        );
+        let (size_bytes, checksum) = self.snapshots.upload(&key, &file).await?;
+        failpoint::hit("aggregator.after_upload");
+        self.check_lease()?;
+        let mut record = chain;
+        record.deltas.push(DeltaRef {
+            key: key.clone(),
+            seq,
+            checksum,
+            size_bytes,
+        });
+        record.checkpoint_id = id;
+        record.seq = seq;
+        record.epoch = self.epoch;
+        record.created_ms = now_ms();
+        self.records.commit(&record).await?;
+        self.next_id += 1;
+        failpoint::hit("aggregator.after_record");
+        metrics::counter!(CHECKPOINT_UPLOADED_BYTES_TOTAL, "kind" => "delta").increment(size_bytes);
+        let _ = tokio::fs::remove_file(&file).await;
+        self.collect_garbage(&record).await;
+        Ok(record)
+    }
+
+    /// A compacted copy of the whole LMDB as a new base; the changes
+    /// accumulated so far are dropped (the copy holds them).
+    async fn base(&mut self, marker_seq: u64) -> Result<CheckpointRecord, Error> {
         let id = self.next_id;
         let dir = self.tmp_dir.join(format!("snap-{id}"));
         let file = dir.join(DATA_FILE);
         let store = self.store.clone();
+        let changes = self.changes.clone();
         let copy_dir = dir.clone();
         let seq = tokio::task::spawn_blocking(move || -> Result<u64, Error> {
             let _ = std::fs::remove_dir_all(&copy_dir);
             std::fs::create_dir_all(&copy_dir)
                 .map_err(adspend_common::Error::io("create", &copy_dir))?;
-            // The copy's own read transaction starts after this one, so the
-            // snapshot holds at least everything through `seq`.
-            let seq = {
-                let txn = store.read_txn()?;
-                store.last_applied_seq(&txn)?
-            };
+            // Reset under the writer's commit lock: the next delta starts at
+            // a sequence at or below the copy's, which a delta's absolute
+            // values allow (see `delta`).
+            changes.lock().expect("changes lock").take();
             let copy = copy_dir.join(DATA_FILE);
             store
                 .env
@@ -122,7 +224,12 @@ impl Checkpointer {
                     let _ = file.set_len(half);
                 }
             });
-            Ok(seq)
+            // The copy's own position, exactly: the record then says where
+            // a restore of this base stands, and deltas can follow it.
+            let copied = Store::open(&copy_dir, store.map_size())?;
+            let position = copied.position();
+            restore::close(copied);
+            Ok(position?.1)
         })
         .await
         .map_err(|e| Error::Task("snapshot copy", e.to_string()))??;
@@ -145,12 +252,14 @@ impl Checkpointer {
             epoch: self.epoch,
             lineage: self.lineage.clone(),
             created_ms: now_ms(),
+            deltas: Vec::new(),
         };
         self.records.commit(&record).await?;
         self.next_id += 1;
         failpoint::hit("aggregator.after_record");
+        metrics::counter!(CHECKPOINT_UPLOADED_BYTES_TOTAL, "kind" => "base").increment(size_bytes);
         let _ = tokio::fs::remove_dir_all(&dir).await;
-        self.collect_garbage(&key).await;
+        self.collect_garbage(&record).await;
         Ok(record)
     }
 
@@ -163,9 +272,11 @@ impl Checkpointer {
         }
     }
 
-    /// Delete all but the newest `keep + 1` snapshots of this shard. Names
-    /// sort by checkpoint id; the recorded one is never deleted.
-    async fn collect_garbage(&self, current: &str) {
+    /// Delete the objects of chains older than the newest `keep + 1`
+    /// bases (the recorded chain's and `keep` before it). Names sort by
+    /// checkpoint id; nothing the record names is ever deleted, nor any
+    /// object whose name does not parse.
+    async fn collect_garbage(&self, record: &CheckpointRecord) {
         let keys = match self.snapshots.list(&self.shard).await {
             Ok(keys) => keys,
             Err(e) => {
@@ -173,11 +284,35 @@ impl Checkpointer {
                 return;
             }
         };
-        let doomed = keys.len().saturating_sub(self.keep + 1);
-        for key in keys.iter().take(doomed).filter(|k| k.as_str() != current) {
-            if let Err(e) = self.snapshots.delete(key).await {
-                tracing::warn!(error = %e, "snapshot GC: delete failed");
+        let Some(base_id) = object_id(&record.snapshot_key) else {
+            return;
+        };
+        let mut older_bases: Vec<u64> = keys
+            .iter()
+            .filter(|k| k.ends_with(".mdb"))
+            .filter_map(|k| object_id(k))
+            .filter(|&id| id < base_id)
+            .collect();
+        older_bases.sort_unstable_by(|a, b| b.cmp(a));
+        let cutoff = older_bases
+            .get(..self.keep.min(older_bases.len()))
+            .and_then(|kept| kept.last().copied())
+            .unwrap_or(base_id);
+        let named =
+            |key: &str| key == record.snapshot_key || record.deltas.iter().any(|d| d.key == key);
+        for key in &keys {
+            if object_id(key).is_some_and(|id| id < cutoff) && !named(key) {
+                if let Err(e) = self.snapshots.delete(key).await {
+                    tracing::warn!(error = %e, "snapshot GC: delete failed");
+                }
             }
         }
     }
+}
+
+/// The checkpoint id at the start of an object's name
+/// (`<shard>/<id:020>-<seq:020>-e<epoch>.<mdb|delta>`).
+fn object_id(key: &str) -> Option<u64> {
+    let name = key.rsplit('/').next()?;
+    name.get(..20)?.parse().ok()
 }

@@ -76,6 +76,11 @@ pub struct Config {
     /// Older snapshots kept besides the newest.
     #[arg(long, env = "ADSPEND_SNAPSHOTS_KEPT", default_value_t = 2)]
     pub snapshots_kept: usize,
+    /// Incremental checkpoints on one base snapshot before the next
+    /// checkpoint copies a new base (0: every checkpoint is a full copy).
+    #[arg(long, env = "ADSPEND_CHECKPOINT_MAX_DELTAS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(0..=1000))]
+    pub checkpoint_max_deltas: u64,
     /// LMDB map size in GiB (address space; the file grows as needed).
     #[arg(long, env = "ADSPEND_LMDB_MAP_GIB", default_value_t = 64,
           value_parser = clap::value_parser!(u64).range(1..=1024))]
@@ -142,6 +147,7 @@ impl Config {
             dedupe: self.dedupe(),
             push_interval: self.push_interval(),
             snapshots_kept: self.snapshots_kept,
+            max_deltas: self.checkpoint_max_deltas as usize,
             lmdb_map_size: usize::try_from(self.lmdb_map_gib << 30).unwrap_or(usize::MAX),
             stream_replicas: self.streams.replicas(),
         }

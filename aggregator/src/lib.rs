@@ -23,6 +23,7 @@ pub mod cluster;
 pub mod config;
 pub mod consume;
 pub mod dedupe;
+pub mod delta;
 pub mod error;
 pub mod fence;
 pub mod handoff;

@@ -7,6 +7,7 @@ use adspend_common::checkpoint::CheckpointRecord;
 use adspend_common::snapshot_store::SnapshotStore;
 
 use crate::checkpointer::DATA_FILE;
+use crate::delta::Delta;
 use crate::error::Error;
 use crate::store::Store;
 
@@ -51,6 +52,77 @@ fn fresh(store: Store) -> Result<(Store, String, Start), Error> {
 
 pub(crate) fn close(store: Store) {
     store.env.prepare_for_closing().wait();
+}
+
+/// Check the downloaded base against the record, then bring it to the
+/// record's sequence with the record's deltas, in order, each verified
+/// (size and checksum as recorded, same lineage, a sequence range that
+/// covers where the state stands).
+async fn verify_and_apply_deltas(
+    restored: &Store,
+    record: &CheckpointRecord,
+    snapshots: &SnapshotStore,
+    tmp_dir: &Path,
+) -> Result<(), Error> {
+    let (lineage, mut seq) = restored.position()?;
+    let first_needed = record.deltas.first().map_or(record.seq, |d| d.seq);
+    if lineage.as_deref() != Some(record.lineage.as_str())
+        || (record.deltas.is_empty() && seq < record.seq)
+        || seq > first_needed
+    {
+        return Err(Error::SnapshotMismatch {
+            key: record.snapshot_key.clone(),
+            reason: format!(
+                "snapshot has lineage {lineage:?} at sequence {seq}, record says {} at {} with {} deltas",
+                record.lineage,
+                record.seq,
+                record.deltas.len()
+            ),
+        });
+    }
+    let file = tmp_dir.join("restore-delta");
+    for delta_ref in &record.deltas {
+        let (size, checksum) = snapshots.download(&delta_ref.key, &file).await?;
+        if size != delta_ref.size_bytes || checksum != delta_ref.checksum {
+            return Err(adspend_common::Error::SnapshotCorrupt {
+                key: format!("{}/{}", snapshots.url(), delta_ref.key),
+                reason: format!(
+                    "expected {} bytes with {}, got {size} bytes with {checksum}",
+                    delta_ref.size_bytes, delta_ref.checksum
+                ),
+            }
+            .into());
+        }
+        let bytes = std::fs::read(&file).map_err(adspend_common::Error::io("read", &file))?;
+        let mismatch = |reason: String| Error::SnapshotMismatch {
+            key: delta_ref.key.clone(),
+            reason,
+        };
+        let delta = Delta::decode(&bytes).map_err(mismatch)?;
+        let (from, to) = (delta.changes.from_seq, delta.changes.to_seq);
+        if delta.lineage != record.lineage {
+            return Err(mismatch(format!(
+                "delta of lineage {}, record says {}",
+                delta.lineage, record.lineage
+            )));
+        }
+        if !(from..=to).contains(&seq) || to != delta_ref.seq {
+            return Err(mismatch(format!(
+                "delta covers sequences {from}..={to} (record says it ends at {}), the state is at {seq}",
+                delta_ref.seq
+            )));
+        }
+        delta.apply(restored)?;
+        seq = to;
+    }
+    let _ = std::fs::remove_file(&file);
+    if !record.deltas.is_empty() && seq != record.seq {
+        return Err(Error::SnapshotMismatch {
+            key: record.snapshot_key.clone(),
+            reason: format!("deltas end at {seq}, record says {}", record.seq),
+        });
+    }
+    Ok(())
 }
 
 /// Open the shard's LMDB at `lmdb_dir`, restoring it first if needed.
@@ -110,17 +182,9 @@ pub async fn open_or_restore(
     adspend_common::failpoint::hit("aggregator.during_restore");
     {
         let restored = Store::open(&restore_dir, map_size)?;
-        let (lineage, seq) = restored.position()?;
+        let result = verify_and_apply_deltas(&restored, record, snapshots, tmp_dir).await;
         close(restored);
-        if lineage.as_deref() != Some(record.lineage.as_str()) || seq < record.seq {
-            return Err(Error::SnapshotMismatch {
-                key: key.clone(),
-                reason: format!(
-                    "snapshot has lineage {lineage:?} at sequence {seq}, record says {} at {}",
-                    record.lineage, record.seq
-                ),
-            });
-        }
+        result?;
     }
     if lmdb_dir.exists() {
         std::fs::remove_dir_all(lmdb_dir).map_err(adspend_common::Error::io("remove", lmdb_dir))?;

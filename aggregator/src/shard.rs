@@ -38,6 +38,8 @@ pub struct Settings {
     pub dedupe: DedupeLimits,
     pub push_interval: Duration,
     pub snapshots_kept: usize,
+    /// Deltas on one base before a checkpoint copies a new base.
+    pub max_deltas: usize,
     pub lmdb_map_size: usize,
     pub stream_replicas: usize,
 }
@@ -167,6 +169,7 @@ pub async fn run(
     let (checkpoint_tx, checkpoint_rx) = watch::channel((0, 0));
     let writer = apply::Writer::new(store.clone(), settings.dedupe, dirty.clone(), checkpoint_tx)?
         .for_shard(&shard, lease.clone());
+    let changes = writer.changes();
     let (incoming_tx, incoming_rx) = mpsc::channel(INCOMING_QUEUE);
     let tasks = TaskTracker::new();
 
@@ -196,6 +199,12 @@ pub async fn run(
             }
         });
     }
+    // The next checkpoint can extend the recorded chain only from the state
+    // it records: a warm start past it, or any other lineage, starts a new
+    // base.
+    let chain = record
+        .clone()
+        .filter(|r| r.lineage == lineage && r.seq == last_applied);
     let checkpointer = checkpointer::Checkpointer {
         store: store.clone(),
         snapshots,
@@ -207,6 +216,9 @@ pub async fn run(
         tmp_dir,
         keep: settings.snapshots_kept,
         lease,
+        changes,
+        chain,
+        max_deltas: settings.max_deltas,
     };
     // Stopped only after the writer's last commit, so that a handover's
     // final checkpoint holds everything applied.

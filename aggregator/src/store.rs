@@ -152,6 +152,11 @@ impl Store {
         &self.path
     }
 
+    /// The map size the environment was opened with.
+    pub fn map_size(&self) -> usize {
+        self.env.info().map_size
+    }
+
     pub fn err(&self, op: &'static str) -> impl FnOnce(heed::Error) -> Error {
         Error::lmdb(&self.path, op)
     }

@@ -25,6 +25,28 @@ pub struct CheckpointRecord {
     /// Identity of the LMDB history the snapshot belongs to.
     pub lineage: String,
     pub created_ms: i64,
+    /// Deltas on top of the snapshot, oldest first: restore is the snapshot
+    /// then each of these; `seq` is the last one's. Records written before
+    /// incremental checkpoints have none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deltas: Vec<DeltaRef>,
+}
+
+/// One delta object of a checkpoint chain.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeltaRef {
+    pub key: String,
+    /// Last `SPEND` sequence the delta brings the state to.
+    pub seq: u64,
+    pub checksum: String,
+    pub size_bytes: u64,
+}
+
+impl CheckpointRecord {
+    /// Bytes of the deltas on top of the snapshot.
+    pub fn delta_bytes(&self) -> u64 {
+        self.deltas.iter().map(|d| d.size_bytes).sum()
+    }
 }
 
 pub enum CheckpointStore {
@@ -307,6 +329,7 @@ mod tests {
             epoch,
             lineage: "l".into(),
             created_ms: 0,
+            deltas: Vec::new(),
         }
     }
 

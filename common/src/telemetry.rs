@@ -25,7 +25,11 @@ pub const LAST_APPLIED_SEQ: &str = "adspend_last_applied_seq";
 pub const CHECKPOINTS_TOTAL: &str = "adspend_checkpoints_total";
 pub const CHECKPOINTS_COALESCED_TOTAL: &str = "adspend_checkpoints_coalesced_total";
 pub const CHECKPOINT_SECONDS: &str = "adspend_checkpoint_seconds";
+/// Size of the recorded base snapshot (the compacted LMDB copy).
 pub const SNAPSHOT_BYTES: &str = "adspend_snapshot_bytes";
+/// Bytes uploaded by checkpoints, `kind="base"` (full copies) or
+/// `kind="delta"` (what changed since the previous checkpoint).
+pub const CHECKPOINT_UPLOADED_BYTES_TOTAL: &str = "adspend_checkpoint_uploaded_bytes_total";
 pub const DEDUPE_IDS: &str = "adspend_dedupe_ids";
 pub const DEDUPE_WINDOW_SECONDS: &str = "adspend_dedupe_window_seconds";
 pub const SUMS_PUSHES_TOTAL: &str = "adspend_sums_pushes_total";

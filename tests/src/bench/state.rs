@@ -202,6 +202,7 @@ pub async fn checkpoint_under_load(
     scratch: &Path,
     groups_ready: usize,
 ) -> anyhow::Result<(CheckpointRun, Writer, Feed)> {
+    let writer_changes = writer.changes();
     // Pre-generate the load so generating it does not compete with the copy.
     let groups: Vec<Vec<Incoming>> = (0..groups_ready).map(|_| feed.group()).collect();
     let progress: Arc<Mutex<Vec<(Instant, u64)>>> = Arc::default();
@@ -241,6 +242,9 @@ pub async fn checkpoint_under_load(
         tmp_dir: scratch.join("tmp"),
         keep: 0,
         lease: None,
+        changes: writer_changes,
+        chain: None,
+        max_deltas: 0,
     };
     // Let the writer run alone first, for the baseline.
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -1,0 +1,363 @@
+//! Incremental checkpoints: what changed in a shard's LMDB since its last
+//! checkpoint, as one object.
+//!
+//! The writer records, in the same critical section as each commit, the new
+//! value of every sum the commit changed, the dedupe log entry it added and
+//! the entries it evicted ([`Changes::absorb`]). A checkpoint takes what has
+//! accumulated ([`Changes::take`]) and uploads it as a delta on top of the
+//! chain its record already names (a base snapshot, then deltas). Values are
+//! absolute, not increments, so a delta taken over sequences `from..=to`
+//! brings any state at a sequence in `from..=to` of the same lineage to the
+//! state at `to`: that is what lets a full copy (whose own transaction may
+//! start after the reset) sit under the next delta.
+//!
+//! Restore is base + deltas in order ([`Delta::apply`]), each checked against
+//! its record entry (size, checksum), its lineage and its sequence range.
+//!
+//! Format 1, all integers big-endian:
+//!
+//! ```text
+//! "ADSPDLTA" u32 version
+//! u16 len, lineage
+//! u64 from_seq, u64 to_seq
+//! u64 limits, each: u8 len, limit, u8 has_lifetime, [u64 micros, u64 tuples],
+//!                   u32 buckets, each: u32 bucket, u64 micros
+//! u64 log entries added, each: [16] key, u32 ids, ids × [16]
+//! u64 log entries evicted, each: [16] key
+//! ```
+
+use std::io::Write;
+use std::path::Path;
+
+use adspend_common::types::{SumEntry, LIFETIME_BUCKET};
+use rustc_hash::FxHashMap;
+
+use crate::error::Error;
+use crate::store::{lifetime_value, sum_key, Store};
+
+const MAGIC: &[u8; 8] = b"ADSPDLTA";
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The changes of one limit: its lifetime sum and period buckets, as stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct LimitChange {
+    lifetime: Option<(u64, u64)>,
+    buckets: Vec<(u32, u64)>,
+}
+
+impl LimitChange {
+    fn set_bucket(&mut self, bucket: u32, micros: u64) {
+        match self.buckets.iter_mut().find(|(b, _)| *b == bucket) {
+            Some(slot) => slot.1 = micros,
+            None => self.buckets.push((bucket, micros)),
+        }
+    }
+}
+
+/// Everything the writer committed since the last checkpoint took its
+/// changes, with the new values.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// The last applied sequence when accumulation started.
+    pub from_seq: u64,
+    /// The last applied sequence of the newest commit absorbed.
+    pub to_seq: u64,
+    limits: FxHashMap<String, LimitChange>,
+    log_added: FxHashMap<[u8; 16], Vec<u8>>,
+    log_evicted: Vec<[u8; 16]>,
+}
+
+impl Changes {
+    /// Nothing changed yet over a store at `seq`.
+    pub fn at(seq: u64) -> Self {
+        Changes {
+            from_seq: seq,
+            to_seq: seq,
+            ..Default::default()
+        }
+    }
+
+    /// Record one commit: the sums it changed (new values), the dedupe log
+    /// entry it added, the entries it evicted, and its last applied sequence.
+    pub fn absorb(
+        &mut self,
+        changed: &[SumEntry],
+        log_added: Option<([u8; 16], &[u8])>,
+        log_evicted: &[[u8; 16]],
+        seq: u64,
+    ) {
+        for entry in changed {
+            let limit = match self.limits.get_mut(entry.limit.as_str()) {
+                Some(limit) => limit,
+                None => self.limits.entry(entry.limit.clone()).or_default(),
+            };
+            if entry.bucket == LIFETIME_BUCKET {
+                limit.lifetime = Some((entry.lifetime_micros, entry.lifetime_events));
+            } else {
+                limit.set_bucket(entry.bucket, entry.bucket_micros);
+            }
+        }
+        if let Some((key, ids)) = log_added {
+            self.log_added.insert(key, ids.to_vec());
+        }
+        for key in log_evicted {
+            // Added and evicted within one interval: the base never had it,
+            // but a copy taken after the reset may, so the eviction stays.
+            self.log_added.remove(key);
+            self.log_evicted.push(*key);
+        }
+        self.to_seq = self.to_seq.max(seq);
+    }
+
+    /// Take what accumulated; accumulation starts again from `to_seq`.
+    pub fn take(&mut self) -> Changes {
+        let next = Changes::at(self.to_seq);
+        std::mem::replace(self, next)
+    }
+
+    /// Changed sums (a limit's lifetime and each bucket count one each).
+    pub fn sums(&self) -> usize {
+        self.limits
+            .values()
+            .map(|l| usize::from(l.lifetime.is_some()) + l.buckets.len())
+            .sum()
+    }
+
+    /// Dedupe ids added.
+    pub fn ids_added(&self) -> usize {
+        self.log_added.values().map(|ids| ids.len() / 16).sum()
+    }
+
+    /// Encode as format 1, in key order.
+    pub fn encode(&self, lineage: &str, out: &mut impl Write) -> std::io::Result<()> {
+        out.write_all(MAGIC)?;
+        out.write_all(&FORMAT_VERSION.to_be_bytes())?;
+        let lineage_len = u16::try_from(lineage.len()).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "lineage too long")
+        })?;
+        out.write_all(&lineage_len.to_be_bytes())?;
+        out.write_all(lineage.as_bytes())?;
+        out.write_all(&self.from_seq.to_be_bytes())?;
+        out.write_all(&self.to_seq.to_be_bytes())?;
+        let mut limits: Vec<(&String, &LimitChange)> = self.limits.iter().collect();
+        limits.sort_unstable_by_key(|(limit, _)| limit.as_str());
+        out.write_all(&(limits.len() as u64).to_be_bytes())?;
+        for (limit, change) in limits {
+            // Limit ids are 1..=64 bytes (the limiter refuses others).
+            out.write_all(&[limit.len() as u8])?;
+            out.write_all(limit.as_bytes())?;
+            match change.lifetime {
+                Some((micros, tuples)) => {
+                    out.write_all(&[1])?;
+                    out.write_all(&micros.to_be_bytes())?;
+                    out.write_all(&tuples.to_be_bytes())?;
+                }
+                None => out.write_all(&[0])?,
+            }
+            out.write_all(&(change.buckets.len() as u32).to_be_bytes())?;
+            for (bucket, micros) in &change.buckets {
+                out.write_all(&bucket.to_be_bytes())?;
+                out.write_all(&micros.to_be_bytes())?;
+            }
+        }
+        let mut added: Vec<(&[u8; 16], &Vec<u8>)> = self.log_added.iter().collect();
+        added.sort_unstable_by_key(|(key, _)| **key);
+        out.write_all(&(added.len() as u64).to_be_bytes())?;
+        for (key, ids) in added {
+            out.write_all(key)?;
+            out.write_all(&((ids.len() / 16) as u32).to_be_bytes())?;
+            out.write_all(ids)?;
+        }
+        out.write_all(&(self.log_evicted.len() as u64).to_be_bytes())?;
+        for key in &self.log_evicted {
+            out.write_all(key)?;
+        }
+        Ok(())
+    }
+}
+
+/// A decoded delta object.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Delta {
+    pub lineage: String,
+    pub changes: Changes,
+}
+
+/// Bounds-checked reads over the object's bytes.
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
+        if self.bytes.len() < n {
+            return Err(format!("truncated in {what}"));
+        }
+        let (head, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Ok(head)
+    }
+
+    fn u8(&mut self, what: &str) -> Result<u8, String> {
+        Ok(self.take(1, what)?[0])
+    }
+
+    fn u16(&mut self, what: &str) -> Result<u16, String> {
+        Ok(u16::from_be_bytes(
+            self.take(2, what)?.try_into().expect("2 bytes"),
+        ))
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32, String> {
+        Ok(u32::from_be_bytes(
+            self.take(4, what)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64, String> {
+        Ok(u64::from_be_bytes(
+            self.take(8, what)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    fn key(&mut self, what: &str) -> Result<[u8; 16], String> {
+        Ok(self.take(16, what)?.try_into().expect("16 bytes"))
+    }
+
+    /// A count of items of at least `min_size` bytes each, checked against
+    /// what is left so a corrupt count cannot ask for a huge allocation.
+    fn count(&mut self, what: &str, min_size: usize) -> Result<usize, String> {
+        let n = self.u64(what)?;
+        if n > (self.bytes.len() / min_size.max(1)) as u64 {
+            return Err(format!("{what}: {n} entries cannot fit in what is left"));
+        }
+        Ok(n as usize)
+    }
+}
+
+impl Delta {
+    /// Decode format 1; any other content is an error saying where it broke.
+    pub fn decode(bytes: &[u8]) -> Result<Delta, String> {
+        let mut r = Reader { bytes };
+        if r.take(8, "magic")? != MAGIC {
+            return Err("not a delta (bad magic)".into());
+        }
+        let version = r.u32("version")?;
+        if version != FORMAT_VERSION {
+            return Err(format!(
+                "delta format {version}; this aggregator reads format {FORMAT_VERSION}"
+            ));
+        }
+        let len = r.u16("lineage")? as usize;
+        let lineage = std::str::from_utf8(r.take(len, "lineage")?)
+            .map_err(|_| "lineage is not UTF-8".to_string())?
+            .to_string();
+        let from_seq = r.u64("from_seq")?;
+        let to_seq = r.u64("to_seq")?;
+        if from_seq > to_seq {
+            return Err(format!("sequence range {from_seq}..={to_seq} is backwards"));
+        }
+        let mut changes = Changes::at(from_seq);
+        changes.to_seq = to_seq;
+        let limits = r.count("limits", 6)?;
+        changes.limits.reserve(limits);
+        for _ in 0..limits {
+            let len = r.u8("limit id")? as usize;
+            if !(1..=64).contains(&len) {
+                return Err(format!("limit id of {len} bytes"));
+            }
+            let limit = std::str::from_utf8(r.take(len, "limit id")?)
+                .map_err(|_| "limit id is not UTF-8".to_string())?
+                .to_string();
+            let mut change = LimitChange::default();
+            match r.u8("lifetime flag")? {
+                0 => {}
+                1 => change.lifetime = Some((r.u64("lifetime")?, r.u64("lifetime")?)),
+                other => return Err(format!("lifetime flag {other} of {limit}")),
+            }
+            let buckets = r.u32("buckets")? as usize;
+            if buckets > r.bytes.len() / 12 {
+                return Err(format!("{limit}: {buckets} buckets cannot fit"));
+            }
+            for _ in 0..buckets {
+                let bucket = r.u32("bucket")?;
+                if bucket == LIFETIME_BUCKET {
+                    return Err(format!("{limit}: the lifetime bucket as a period bucket"));
+                }
+                change.buckets.push((bucket, r.u64("bucket micros")?));
+            }
+            if changes.limits.insert(limit.clone(), change).is_some() {
+                return Err(format!("limit {limit} twice"));
+            }
+        }
+        let added = r.count("log entries", 20)?;
+        for _ in 0..added {
+            let key = r.key("log key")?;
+            let ids = r.u32("log ids")? as usize;
+            let ids = r.take(ids.saturating_mul(16), "log ids")?.to_vec();
+            changes.log_added.insert(key, ids);
+        }
+        let evicted = r.count("evictions", 16)?;
+        for _ in 0..evicted {
+            changes.log_evicted.push(r.key("eviction")?);
+        }
+        if !r.bytes.is_empty() {
+            return Err(format!("{} bytes after the end", r.bytes.len()));
+        }
+        Ok(Delta { lineage, changes })
+    }
+
+    /// Write the changes into `store` in one transaction, ending at `to_seq`.
+    pub fn apply(&self, store: &Store) -> Result<(), Error> {
+        let mut wtxn = store.write_txn()?;
+        for (limit, change) in &self.changes.limits {
+            if let Some((micros, tuples)) = change.lifetime {
+                store
+                    .lifetime
+                    .put(&mut wtxn, limit.as_str(), &lifetime_value(micros, tuples))
+                    .map_err(store.err("put lifetime"))?;
+            }
+            for (bucket, micros) in &change.buckets {
+                store
+                    .sums
+                    .put(&mut wtxn, sum_key(limit, *bucket).as_slice(), micros)
+                    .map_err(store.err("put sum"))?;
+            }
+        }
+        for (key, ids) in &self.changes.log_added {
+            store
+                .dedupe_log
+                .put(&mut wtxn, key.as_slice(), ids.as_slice())
+                .map_err(store.err("put dedupe log"))?;
+        }
+        for key in &self.changes.log_evicted {
+            store
+                .dedupe_log
+                .delete(&mut wtxn, key.as_slice())
+                .map_err(store.err("evict dedupe log"))?;
+        }
+        store.set_last_applied_seq(&mut wtxn, self.changes.to_seq)?;
+        wtxn.commit().map_err(store.err("commit"))
+    }
+}
+
+/// Encode `changes` into `path` (fsynced); returns its size.
+pub fn write_file(changes: &Changes, lineage: &str, path: &Path) -> Result<u64, Error> {
+    let file = std::fs::File::create(path).map_err(adspend_common::Error::io("create", path))?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    changes
+        .encode(lineage, &mut out)
+        .map_err(adspend_common::Error::io("write", path))?;
+    let file = out
+        .into_inner()
+        .map_err(|e| adspend_common::Error::io("write", path)(e.into_error()))?;
+    file.sync_all()
+        .map_err(adspend_common::Error::io("fsync", path))?;
+    Ok(file
+        .metadata()
+        .map_err(adspend_common::Error::io("stat", path))?
+        .len())
+}
+
+#[cfg(test)]
+mod tests;
