@@ -272,10 +272,12 @@ impl Checkpointer {
         }
     }
 
-    /// Delete the objects of chains older than the newest `keep + 1`
-    /// bases (the recorded chain's and `keep` before it). Names sort by
-    /// checkpoint id; nothing the record names is ever deleted, nor any
-    /// object whose name does not parse.
+    /// Delete what no kept chain needs: the chains older than the newest
+    /// `keep + 1` bases (the recorded chain's and `keep` before it), and in
+    /// the recorded chain's range the objects it does not name (failed
+    /// attempts, which reuse the checkpoint id). Nothing the record names
+    /// is deleted, nor an object whose name does not parse or whose id is
+    /// past the record's (another owner's).
     async fn collect_garbage(&self, record: &CheckpointRecord) {
         let keys = match self.snapshots.list(&self.shard).await {
             Ok(keys) => keys,
@@ -294,6 +296,7 @@ impl Checkpointer {
             .filter(|&id| id < base_id)
             .collect();
         older_bases.sort_unstable_by(|a, b| b.cmp(a));
+        older_bases.dedup();
         let cutoff = older_bases
             .get(..self.keep.min(older_bases.len()))
             .and_then(|kept| kept.last().copied())
@@ -301,7 +304,12 @@ impl Checkpointer {
         let named =
             |key: &str| key == record.snapshot_key || record.deltas.iter().any(|d| d.key == key);
         for key in &keys {
-            if object_id(key).is_some_and(|id| id < cutoff) && !named(key) {
+            let doomed = match object_id(key) {
+                Some(id) if id < cutoff => true,
+                Some(id) => id >= base_id && id <= record.checkpoint_id,
+                None => false,
+            };
+            if doomed && !named(key) {
                 if let Err(e) = self.snapshots.delete(key).await {
                     tracing::warn!(error = %e, "snapshot GC: delete failed");
                 }

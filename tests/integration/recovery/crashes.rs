@@ -4,14 +4,14 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use adspend_tests::harness::{free_port, wait_until};
+use adspend_tests::harness::{free_port, wait_until, wait_until_ok};
 use adspend_tests::sim::SimConfig;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{assert_exact, sim_config, Backends, Pipeline};
 
 use super::{
-    log_len, log_since, merged, pacer_total, report, spend_bounds, wait_applied,
+    current_record, log_len, log_since, merged, pacer_total, report, spend_bounds, wait_applied,
     wait_limiter_drained, wait_record, SETTLE,
 };
 
@@ -178,16 +178,39 @@ async fn etcd_crash_mid_run_pauses_checkpoints_only() {
         "{}",
         aggregator.log_tail(20)
     );
-    // Snapshots uploaded by the failed attempts are collected: the newest
-    // and the two kept ones remain.
+    // Objects uploaded by the failed attempts are collected: what remains is
+    // the recorded chain (base and deltas) and the chains of the two older
+    // bases kept.
     let shard_dir = p.aggregator_dir().join("snapshots/all");
-    let count = |dir: &Path| std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
-    wait_until(Duration::from_secs(10), Duration::from_millis(200), || {
-        let n = count(&shard_dir);
-        async move { n <= 3 }
-    })
+    let id = |name: &str| name.get(..20).and_then(|id| id.parse::<u64>().ok());
+    wait_until_ok(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async {
+            let record = current_record(&p).await?;
+            let base = record.snapshot_key.rsplit('/').next().and_then(id);
+            let names: Vec<String> = std::fs::read_dir(&shard_dir)?
+                .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect::<Result<_, _>>()?;
+            let bases = names.iter().filter(|n| n.ends_with(".mdb")).count();
+            let stray: Vec<&String> = names
+                .iter()
+                .filter(|n| {
+                    let key = format!("all/{n}");
+                    key != record.snapshot_key
+                        && !record.deltas.iter().any(|d| d.key == key)
+                        && id(n) >= base
+                })
+                .collect();
+            anyhow::ensure!(
+                bases <= 3 && stray.is_empty(),
+                "{bases} bases, not named by the record: {stray:?}"
+            );
+            Ok(())
+        },
+    )
     .await
-    .unwrap_or_else(|_| panic!("{} snapshots left", count(&shard_dir)));
+    .unwrap_or_else(|e| panic!("snapshots left: {e:#}"));
     report("etcd_crash", started);
 }
 

@@ -12,6 +12,7 @@
 //! pacer); the helpers they share are here.
 
 mod crashes;
+mod deltas;
 mod fencing;
 mod local_state;
 mod snapshots;

@@ -1,0 +1,94 @@
+//! Incremental checkpoints: a cold restore is the recorded base plus every
+//! recorded delta, each verified; a delta lost or damaged refuses the start
+//! naming that delta, and with it back the restore lands exactly on the
+//! record and stays exact.
+
+use std::time::Instant;
+
+use crate::support::{assert_exact, sim_config, Pipeline, BUCKET};
+
+use super::{
+    checksum, delete_object, etcd_record, expect_refusal, log_len, log_since, merged, report,
+    running_line, wait_record, wipe_lmdb, ETCD_S3, SETTLE, START,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_restore_applies_every_delta_and_refuses_a_damaged_one_by_name() {
+    let started = Instant::now();
+    let mut p = Pipeline::start(ETCD_S3, 300).await;
+    p.spawn_all().await;
+    let mut aggregator = p.aggregator.take().unwrap();
+    let first = p.publish(&sim_config(4_000, 61)).await;
+    assert_exact(&p.settle(&first, SETTLE).await, &first);
+    // Spend after the first base, so that deltas carry sums, not only
+    // positions.
+    let second = p.publish(&sim_config(4_000, 62)).await;
+    let truth = merged(&[&first, &second]);
+    assert_exact(&p.settle(&truth, SETTLE).await, &truth);
+    wait_record(&p, "a chain with a delta that carries sums", |r| {
+        r.deltas.len() >= 2 && r.deltas.iter().any(|d| d.size_bytes > 1_000)
+    })
+    .await;
+    aggregator.kill();
+    let record = etcd_record(&p).await.unwrap();
+    assert!(
+        record.seq == record.deltas.last().unwrap().seq,
+        "{record:?}"
+    );
+    let lmdb = wipe_lmdb(&p);
+
+    let s3 = p.s3.as_ref().unwrap();
+    let delta = record
+        .deltas
+        .iter()
+        .find(|d| d.size_bytes > 1_000)
+        .unwrap()
+        .clone();
+    let key = format!("snapshots/{}", delta.key);
+    let original = s3
+        .get_object(BUCKET, &key)
+        .await
+        .unwrap()
+        .expect("the recorded delta is in S3");
+    assert_eq!(original.len() as u64, delta.size_bytes);
+    assert_eq!(checksum(&original), delta.checksum);
+
+    // Deleted.
+    delete_object(&p, &key).await.unwrap();
+    let error = expect_refusal(&mut aggregator).await;
+    assert!(error.contains(&delta.key), "{error}");
+    assert!(!lmdb.join("data.mdb").exists(), "empty LMDB created");
+
+    // Corrupted: same size, so only the checksum can tell.
+    let mut corrupt = original.to_vec();
+    let middle = corrupt.len() / 2;
+    for byte in &mut corrupt[middle..middle + 16] {
+        *byte ^= 0x5A;
+    }
+    s3.put_object(BUCKET, &key, corrupt).await.unwrap();
+    let error = expect_refusal(&mut aggregator).await;
+    assert!(
+        error.contains(&delta.key) && error.contains("corrupt"),
+        "{error}"
+    );
+    assert!(!lmdb.join("data.mdb").exists(), "empty LMDB created");
+    assert_eq!(etcd_record(&p).await.unwrap(), record, "record changed");
+
+    // Back intact: base + deltas land exactly on the record, and the pacer
+    // equals the truth, including what comes after.
+    s3.put_object(BUCKET, &key, original).await.unwrap();
+    let offset = log_len(&aggregator);
+    aggregator.restart();
+    aggregator
+        .wait_for_log("aggregator running", START)
+        .await
+        .expect("aggregator restored");
+    let (_, start, last_applied) = running_line(&log_since(&aggregator, offset));
+    assert_eq!(start, "cold");
+    assert_eq!(last_applied, record.seq, "restored exactly to the record");
+    let third = p.publish(&sim_config(2_000, 63)).await;
+    let truth = merged(&[&first, &second, &third]);
+    assert_exact(&p.settle(&truth, SETTLE).await, &truth);
+    p.aggregator = Some(aggregator);
+    report("delta_restore", started);
+}
