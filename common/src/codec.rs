@@ -5,7 +5,7 @@
 use bincode::{Decode, Encode};
 
 use crate::error::Error;
-use crate::types::{SpendMessage, SpendMessageRef, SumsUpdate};
+use crate::types::{SpendMessage, SpendMessageRef, SumsUpdate, MAX_ID_LEN};
 
 /// Version byte of the current format. Version 1 carried each tuple's limit
 /// id inline; version 2 carries each batch's limit ids once.
@@ -60,10 +60,26 @@ pub fn encode_spend_ref(message: &SpendMessageRef<'_>, out: &mut Vec<u8>) {
     encode(message, out);
 }
 
-/// Decodes a message and checks that every tuple's limit index is in range.
+/// A limit id the contract allows (1..=64 bytes). The aggregator's LMDB keys
+/// carry the id's length in one byte, so a longer id would corrupt them.
+fn check_limit_id(what: &'static str, id: &str) -> Result<(), Error> {
+    if id.is_empty() || id.len() > MAX_ID_LEN {
+        return Err(Error::Decode {
+            what,
+            reason: format!("limit id of {} bytes, not 1..={MAX_ID_LEN}", id.len()),
+        });
+    }
+    Ok(())
+}
+
+/// Decodes a message and checks that every limit id is one the contract
+/// allows and every tuple's limit index is in range.
 pub fn decode_spend(bytes: &[u8]) -> Result<SpendMessage, Error> {
     let message: SpendMessage = decode("spend message", bytes)?;
     if let SpendMessage::Batch(batch) = &message {
+        for id in &batch.limits {
+            check_limit_id("spend message", id)?;
+        }
         let limits = batch.limits.len();
         if let Some(bad) = batch.tuples.iter().find(|t| t.limit as usize >= limits) {
             return Err(Error::Decode {
@@ -81,8 +97,13 @@ pub fn encode_sums(update: &SumsUpdate) -> Vec<u8> {
     out
 }
 
+/// Decodes a push and checks that every limit id is one the contract allows.
 pub fn decode_sums(bytes: &[u8]) -> Result<SumsUpdate, Error> {
-    decode("sums update", bytes)
+    let update: SumsUpdate = decode("sums update", bytes)?;
+    for entry in &update.entries {
+        check_limit_id("sums update", &entry.limit)?;
+    }
+    Ok(update)
 }
 
 #[cfg(test)]
@@ -200,6 +221,49 @@ mod tests {
         }));
         let err = decode_spend(&bytes).unwrap_err().to_string();
         assert!(err.contains("limit #1 of 1"), "{err}");
+    }
+
+    /// Found by fuzzing (fuzz target spend_decode): batches whose limit ids
+    /// were empty or longer than the contract's 64 bytes decoded.
+    #[test]
+    fn limit_ids_outside_the_contract_are_rejected() {
+        for id in [String::new(), "x".repeat(MAX_ID_LEN + 1), "x".repeat(300)] {
+            let bytes = encode_spend(&SpendMessage::Batch(SpendBatch {
+                source_ms: 0,
+                limits: vec!["ok".into(), id.clone()],
+                tuples: vec![],
+            }));
+            let err = decode_spend(&bytes).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("limit id of {} bytes", id.len())),
+                "{err}"
+            );
+            let update = SumsUpdate {
+                shard: "all".into(),
+                epoch: 1,
+                seq: 1,
+                push_seq: 1,
+                full: false,
+                watermark_ms: 1,
+                source_ms: 1,
+                entries: vec![SumEntry {
+                    limit: id.clone(),
+                    bucket: 0,
+                    bucket_micros: 1,
+                    lifetime_micros: 1,
+                    lifetime_events: 1,
+                }],
+            };
+            let err = decode_sums(&encode_sums(&update)).unwrap_err().to_string();
+            assert!(err.contains("sums update"), "{err}");
+        }
+        let longest = "x".repeat(MAX_ID_LEN);
+        let message = SpendMessage::Batch(SpendBatch {
+            source_ms: 0,
+            limits: vec![longest],
+            tuples: vec![],
+        });
+        assert_eq!(decode_spend(&encode_spend(&message)).unwrap(), message);
     }
 
     #[test]
