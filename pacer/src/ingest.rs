@@ -11,6 +11,7 @@ use adspend_common::telemetry::{
     PACER_FRESHNESS_SECONDS, PACER_LAG_SECONDS, PACER_RESYNCS_TOTAL, PACER_STALE_UPDATES_TOTAL,
     PACER_UPDATES_TOTAL,
 };
+use adspend_common::types::SumsUpdate;
 use chrono::Offset;
 use futures::StreamExt;
 use tokio::sync::{watch, RwLock};
@@ -23,6 +24,27 @@ const RESYNC_MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// With no push at all for this long, ask again (aggregators may have
 /// started after our first request).
 const SILENCE: Duration = Duration::from_secs(3);
+
+/// Decodes one push, refusing stamps no aggregator sends: times are unix
+/// ms, never negative (the arithmetic on them subtracts from now), and a
+/// `push_seq` must have a successor for the gap check.
+pub fn decode_push(payload: &[u8]) -> Result<SumsUpdate, adspend_common::Error> {
+    let update = decode_sums(payload)?;
+    let refuse = |reason: String| adspend_common::Error::Decode {
+        what: "sums update",
+        reason,
+    };
+    if update.watermark_ms < 0 || update.source_ms < 0 {
+        return Err(refuse(format!(
+            "negative time: watermark_ms {}, source_ms {}",
+            update.watermark_ms, update.source_ms
+        )));
+    }
+    if update.push_seq == u64::MAX {
+        return Err(refuse(format!("push_seq {} has no successor", u64::MAX)));
+    }
+    Ok(update)
+}
 
 pub async fn subscribe(client: &async_nats::Client) -> Result<async_nats::Subscriber, Error> {
     let subject = format!("{SUMS_SUBJECT_PREFIX}.>");
@@ -57,7 +79,7 @@ pub async fn run(
             }
             message = pushes.next() => {
                 let Some(message) = message else { return };
-                let update = match decode_sums(&message.payload) {
+                let update = match decode_push(&message.payload) {
                     Ok(u) => u,
                     Err(e) => {
                         tracing::warn!(error = %e, subject = %message.subject, "undecodable sums push dropped");
@@ -110,5 +132,59 @@ async fn request_resync(client: &async_nats::Client, last: &mut Option<Instant>)
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!(error = %e, "resync request failed"),
         Err(_) => tracing::warn!("resync request timed out"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use adspend_common::codec::encode_sums;
+    use adspend_common::types::SumEntry;
+
+    use crate::state::SpendState;
+
+    fn push(push_seq: u64, watermark_ms: i64, source_ms: i64) -> SumsUpdate {
+        SumsUpdate {
+            shard: "all".into(),
+            epoch: 1,
+            seq: 1,
+            push_seq,
+            full: false,
+            watermark_ms,
+            source_ms,
+            entries: vec![SumEntry {
+                limit: "a".into(),
+                bucket: 1,
+                bucket_micros: 5,
+                lifetime_micros: 5,
+                lifetime_events: 1,
+            }],
+        }
+    }
+
+    /// Found by fuzzing (fuzz target pacer_push): a push_seq of u64::MAX
+    /// followed by another push of the same epoch overflowed the gap check,
+    /// and a source_ms of i64::MIN overflowed the freshness arithmetic.
+    #[test]
+    fn stamps_no_aggregator_sends_are_refused() {
+        for (bad, what) in [
+            (push(u64::MAX, 1, 1), "no successor"),
+            (push(1, i64::MIN, 1), "negative time"),
+            (push(1, 1, i64::MIN), "negative time"),
+            (push(1, -1, 0), "negative time"),
+        ] {
+            let err = decode_push(&encode_sums(&bad)).unwrap_err().to_string();
+            assert!(err.contains(what), "{err}");
+        }
+        let mut state = SpendState::default();
+        for good in [
+            push(u64::MAX - 1, 0, 0),
+            push(u64::MAX - 1, i64::MAX, i64::MAX),
+        ] {
+            let decoded = decode_push(&encode_sums(&good)).unwrap();
+            assert_eq!(decoded, good);
+            state.apply(&decoded, 1_700_000_000_000);
+        }
+        assert_eq!(state.limits["a"].lifetime_micros, 5);
     }
 }
