@@ -1,0 +1,155 @@
+//! The limiter's input validator on NDJSON payloads (limiter/src/validate.rs
+//! `parse_line`, and the whole line → spend tuple path of limiter/src/emit.rs).
+//!
+//! Beyond "no panic": parsing is deterministic; an accepted line respects the
+//! contract (ids 1..=64 bytes, `cost_micros` an integer ≥ 0, `ts` unix ms in
+//! range) and an independent reading of the same JSON agrees with it; a line
+//! the independent reading finds valid is accepted; every non-blank line is
+//! either counted or dead lettered; every emitted tuple costs at most the
+//! ceiling, names a catalog limit of its ad, and survives the SPEND codec.
+#![no_main]
+
+use std::sync::OnceLock;
+
+use adspend_common::catalog::Catalog;
+use adspend_common::codec::decode_spend;
+use adspend_common::types::{MsgId, SpendMessage, MAX_ID_LEN};
+use adspend_limiter::emit::{Input, Output};
+use adspend_limiter::validate::{parse_line, Impression, Rejection};
+use libfuzzer_sys::fuzz_target;
+use serde_json::Value;
+
+/// validate.rs's latest accepted event time (9999-12-31), private there.
+const MAX_TS_MS: i64 = 253_402_300_799_999;
+/// A low ceiling, so that the fuzzer meets `cost_too_large` often.
+const MAX_COST: u64 = 5_000_000;
+
+fn catalog() -> &'static Catalog {
+    static CATALOG: OnceLock<Catalog> = OnceLock::new();
+    CATALOG.get_or_init(|| {
+        Catalog::parse(
+            "fuzz",
+            include_bytes!("../../deploy/catalog.example.json"),
+        )
+        .expect("the example catalog parses")
+    })
+}
+
+type Summary = Result<(String, String, u64, i64), (&'static str, String)>;
+
+fn summary(parsed: &Result<Impression<'_>, Rejection>) -> Summary {
+    match parsed {
+        Ok(i) => Ok((i.id.to_string(), i.ad_id.to_string(), i.cost_micros, i.ts_ms)),
+        Err(r) => Err((r.reason.as_str(), r.detail.clone())),
+    }
+}
+
+fn id_ok(id: &str) -> bool {
+    (1..=MAX_ID_LEN).contains(&id.len())
+}
+
+/// What an independent reading (serde_json::Value) says the contract accepts.
+fn contract_reading(v: &Value) -> Option<(&str, &str, u64, i64)> {
+    let o = v.as_object()?;
+    let id = o.get("id")?.as_str().filter(|s| id_ok(s))?;
+    let ad = o.get("ad_id")?.as_str().filter(|s| id_ok(s))?;
+    let cost = o.get("cost_micros")?.as_u64()?;
+    let ts = o.get("ts")?.as_i64().filter(|t| (0..=MAX_TS_MS).contains(t))?;
+    Some((id, ad, cost, ts))
+}
+
+/// Checks one line; returns the number of tuples it must produce.
+fn check_line(line: &[u8]) -> usize {
+    let first = parse_line(line);
+    assert_eq!(summary(&first), summary(&parse_line(line)), "deterministic");
+    let value: Option<Value> = serde_json::from_slice(line).ok();
+    match &first {
+        Ok(i) => {
+            assert!(id_ok(&i.id), "accepted id of {} bytes", i.id.len());
+            assert!(id_ok(&i.ad_id), "accepted ad_id of {} bytes", i.ad_id.len());
+            assert!((0..=MAX_TS_MS).contains(&i.ts_ms), "accepted ts {}", i.ts_ms);
+            let value = value.expect("an accepted line is JSON");
+            assert_eq!(
+                contract_reading(&value),
+                Some((&*i.id, &*i.ad_id, i.cost_micros, i.ts_ms)),
+                "an independent reading of an accepted line disagrees"
+            );
+        }
+        Err(r) => {
+            assert!(!r.detail.is_empty(), "a rejection says why");
+            // Duplicate keys make the line ambiguous (the validator rejects
+            // them, Value keeps the last); a canonical re-serialization of a
+            // line the contract allows must be accepted.
+            if let Some(v) = value.as_ref().filter(|v| contract_reading(v).is_some()) {
+                let canonical = serde_json::to_vec(v).expect("serializes");
+                let again = parse_line(&canonical);
+                let (id, ad, cost, ts) = contract_reading(v).expect("checked");
+                assert_eq!(
+                    summary(&again),
+                    Ok((id.to_string(), ad.to_string(), cost, ts)),
+                    "a contract-valid line is rejected"
+                );
+            }
+        }
+    }
+    match first {
+        Ok(i) if i.cost_micros <= MAX_COST => {
+            catalog().limits_of_ad(&i.ad_id).map_or(0, <[_]>::len)
+        }
+        _ => 0,
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut lines = 0u64;
+    let mut expected_tuples = 0usize;
+    for raw in data.split(|&b| b == b'\n') {
+        let line = raw.strip_suffix(b"\r").unwrap_or(raw);
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        lines += 1;
+        expected_tuples += check_line(line);
+    }
+
+    let mut out = Output::new(4).with_max_cost(MAX_COST);
+    out.add(
+        &Input {
+            stream_seq: 7,
+            payload: data,
+        },
+        catalog(),
+    );
+    assert_eq!(
+        out.impressions + out.dead_letters.len() as u64,
+        lines,
+        "every non-blank line is counted or dead lettered"
+    );
+    assert_eq!(
+        out.rejected.iter().map(|(_, n)| *n).sum::<u64>(),
+        out.dead_letters.len() as u64
+    );
+    assert_eq!(out.tuples(), expected_tuples);
+    for partition in &out.partitions {
+        let mut expected: Vec<(String, u32, u64, MsgId)> = Vec::new();
+        for tuple in &partition.tuples {
+            assert!(tuple.cost_micros <= MAX_COST, "tuple above the ceiling");
+            let limit = partition.limit_of(tuple);
+            assert!(catalog().limit(limit).is_some(), "tuple for unknown limit");
+            expected.push((limit.to_string(), tuple.bucket, tuple.cost_micros, tuple.msg_id));
+        }
+        let mut decoded = Vec::new();
+        for message in partition.encode(3, 1) {
+            match decode_spend(&message).expect("the limiter's output decodes") {
+                SpendMessage::Batch(batch) => {
+                    assert!(batch.tuples.len() <= 3);
+                    for t in &batch.tuples {
+                        decoded.push((batch.limit_of(t).to_string(), t.bucket, t.cost_micros, t.msg_id));
+                    }
+                }
+                SpendMessage::Marker(_) => panic!("a batch encoded as a marker"),
+            }
+        }
+        assert_eq!(decoded, expected, "SPEND round trip of the emitted tuples");
+    }
+});
