@@ -149,13 +149,15 @@ impl Checkpointer {
         })
         .await
         .map_err(|e| Error::Task("delta encoding", e.to_string()))??;
-        if taken.from_seq != chain.seq {
+        // A base copied while the writer committed stands at or after where
+        // its changes were reset; absolute values make that range fine.
+        if !(taken.from_seq..=taken.to_seq).contains(&chain.seq) {
             let _ = std::fs::remove_file(&file);
             return Err(Error::SnapshotMismatch {
                 key: format!("{}/{id}", self.shard),
                 reason: format!(
-                    "changes start at sequence {} but the chain is at {}",
-                    taken.from_seq, chain.seq
+                    "changes cover sequences {}..={} but the chain is at {}",
+                    taken.from_seq, taken.to_seq, chain.seq
                 ),
             });
         }

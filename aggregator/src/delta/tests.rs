@@ -259,3 +259,77 @@ proptest! {
         let _ = Delta::decode(&bytes);
     }
 }
+
+/// Through the checkpointer and restore as the service runs them: a base,
+/// then deltas, a new base after `max_deltas`, each recorded; GC keeps
+/// whole chains; a cold restore of the record equals the live store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_then_cold_restore_equal_the_live_store() {
+    use adspend_common::checkpoint::CheckpointStore;
+    use adspend_common::snapshot_store::SnapshotStore;
+
+    use crate::checkpointer::Checkpointer;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (mut writer, store) = writer(&dir.path().join("live"));
+    let mut rng = Rng(0xc0ffee);
+    let mut seq = 0u64;
+    let mut apply = |writer: &mut Writer, rng: &mut Rng| {
+        let group: Vec<Incoming> = (0..3)
+            .map(|_| {
+                seq += 1;
+                message(rng, seq, 1_000 * seq as i64, 40)
+            })
+            .collect();
+        writer.apply_group(&group).unwrap();
+    };
+    let snapshots =
+        SnapshotStore::from_url(&format!("file://{}", dir.path().join("objects").display()))
+            .unwrap();
+    let mut records = CheckpointStore::open(&[], dir.path(), "s").await.unwrap();
+    let epoch = records.acquire_epoch().await.unwrap();
+    let mut checkpointer = Checkpointer {
+        store: store.clone(),
+        snapshots: snapshots.clone(),
+        records,
+        shard: "s".into(),
+        epoch,
+        lineage: "lineage-a".into(),
+        next_id: 1,
+        tmp_dir: dir.path().join("tmp"),
+        keep: 1,
+        lease: None,
+        changes: writer.changes(),
+        chain: None,
+        max_deltas: 3,
+    };
+    let mut kinds = Vec::new();
+    for _ in 0..6 {
+        apply(&mut writer, &mut rng);
+        let at = store.position().unwrap().1;
+        let record = checkpointer.checkpoint(at).await.unwrap();
+        assert_eq!(record.seq, at);
+        kinds.push(record.deltas.len());
+    }
+    // A base, three deltas, a new base, a delta.
+    assert_eq!(kinds, vec![0, 1, 2, 3, 0, 1]);
+    let record = checkpointer.chain.clone().unwrap();
+    let objects = snapshots.list("s").await.unwrap();
+    assert_eq!(objects.len(), 6, "two chains kept (keep = 1): {objects:?}");
+
+    let restored_dir = dir.path().join("restored");
+    std::fs::create_dir_all(dir.path().join("rtmp")).unwrap();
+    std::fs::create_dir_all(&restored_dir).unwrap();
+    let (restored, lineage, start) = crate::restore::open_or_restore(
+        &restored_dir.join("lmdb"),
+        &dir.path().join("rtmp"),
+        Some(&record),
+        &snapshots,
+        1 << 28,
+    )
+    .await
+    .unwrap();
+    assert_eq!(start, crate::restore::Start::Cold);
+    assert_eq!(lineage, "lineage-a");
+    assert_eq!(dump(&restored), dump(&store));
+}
