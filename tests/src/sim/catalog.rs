@@ -245,3 +245,6 @@ fn check_id(kind: &str, id: &str) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+pub(super) mod tests;

@@ -172,3 +172,6 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     };
     Duration::try_from_secs_f64(value * scale).map_err(|e| format!("bad duration {s:?}: {e}"))
 }
+
+#[cfg(test)]
+mod tests;

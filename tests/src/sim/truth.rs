@@ -333,3 +333,6 @@ fn format_day(day: i64) -> String {
         .format("%Y-%m-%d")
         .to_string()
 }
+
+#[cfg(test)]
+mod tests;
