@@ -1,13 +1,7 @@
-//! The failure-injection campaign: rounds of publishing with duplicates while
-//! one fault is injected into the running pipeline (a named failure point, a
-//! SIGKILL of a service, a kill -9 of NATS or etcd), each followed by a
-//! restart; after every round the pacer must equal the truth exactly, and at
-//! the end so must the aggregator's own LMDB.
-//!
-//! Used by the integration suite (a short campaign) and by `adchaos` (a long
-//! one that prints the figures in the README).
+//! One campaign's rounds: publish, inject a fault while events flow, wait
+//! until the restarted part has caught up, and compare the pacer with the
+//! truth; at the end, the aggregator's LMDB too.
 
-use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
@@ -17,167 +11,12 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio_util::sync::CancellationToken;
 
+use super::{aggregator_totals, all_faults, CampaignConfig, Fault, Report};
 use crate::check::{fetch_limits, Comparison};
 use crate::harness::{free_port, wait_until_ok, ServiceProcess};
-use crate::pipeline::{try_metric, Backends, Pipeline};
+use crate::pipeline::{try_metric, Pipeline};
 use crate::sim::{self, SimConfig, Truth};
 use crate::stream_truth::truth_from_stream;
-
-/// One kind of fault.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Fault {
-    /// A named failure point in the aggregator or limiter (`ADSPEND_FAILPOINTS`).
-    Point(&'static str),
-    KillAggregator,
-    KillLimiter,
-    KillPacer,
-    KillNats,
-    KillEtcd,
-}
-
-impl Fault {
-    pub fn name(self) -> String {
-        match self {
-            Fault::Point(p) => format!("failpoint {p}"),
-            Fault::KillAggregator => "SIGKILL aggregator".into(),
-            Fault::KillLimiter => "SIGKILL limiter".into(),
-            Fault::KillPacer => "SIGKILL pacer".into(),
-            Fault::KillNats => "kill -9 nats-server".into(),
-            Fault::KillEtcd => "kill -9 etcd".into(),
-        }
-    }
-}
-
-/// Every failure point the services define.
-pub const POINTS: [&str; 8] = [
-    "aggregator.before_commit",
-    "aggregator.after_commit",
-    "aggregator.mid_copy",
-    "aggregator.mid_upload",
-    "aggregator.after_upload",
-    "aggregator.after_record",
-    "aggregator.during_restore",
-    "limiter.after_publish",
-];
-
-/// Every kind, in the order a campaign first walks through them (restore
-/// needs a checkpoint, so it comes after the others have made some).
-pub fn all_faults() -> Vec<Fault> {
-    let mut faults: Vec<Fault> = vec![Fault::KillAggregator, Fault::KillLimiter];
-    faults.extend(POINTS.iter().map(|p| Fault::Point(p)));
-    faults.extend([Fault::KillPacer, Fault::KillNats, Fault::KillEtcd]);
-    faults
-}
-
-#[derive(Clone, Debug)]
-pub struct CampaignConfig {
-    pub rounds: usize,
-    pub seed: u64,
-    pub events_per_round: u64,
-    /// Simulator rate (events/s) during a round.
-    pub rate: f64,
-    pub duplicate_rate: f64,
-    pub ads: u32,
-    pub backends: Backends,
-    /// Inject every kind once, in order, before picking at random.
-    pub walk_all_first: bool,
-}
-
-impl Default for CampaignConfig {
-    fn default() -> Self {
-        CampaignConfig {
-            rounds: all_faults().len(),
-            seed: 1,
-            events_per_round: 12_000,
-            rate: 6_000.0,
-            duplicate_rate: 0.1,
-            ads: 300,
-            backends: Backends {
-                etcd: true,
-                s3: true,
-            },
-            walk_all_first: true,
-        }
-    }
-}
-
-#[derive(Clone, Debug, Default)]
-pub struct Report {
-    pub seed: u64,
-    pub rounds: usize,
-    /// Faults injected by kind; every one was confirmed to have fired.
-    pub faults: BTreeMap<String, u64>,
-    pub events_attempted: u64,
-    pub events_acknowledged: u64,
-    /// Events whose publish outcome the simulator could not know.
-    pub events_unknown: u64,
-    /// Of those, found in the stream when it was read back.
-    pub events_unknown_stored: u64,
-    pub duplicates_injected: u64,
-    pub dropped_by_id: u64,
-    pub skipped_by_seq: u64,
-    pub limits_compared: usize,
-    pub pacer_mismatches: usize,
-    pub aggregator_mismatches: usize,
-    pub max_abs_diff: u64,
-    pub recovery_ms: Vec<(String, u64)>,
-}
-
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-impl Report {
-    pub fn render(&self) -> String {
-        let mut out = format!("campaign: seed {}, {} rounds\n", self.seed, self.rounds);
-        out += "faults injected (each confirmed fired):\n";
-        for (kind, n) in &self.faults {
-            out += &format!("  {kind:<36} {n}\n");
-        }
-        out += &format!(
-            "events: attempted {}, acknowledged {}, unknown {} (resolved by reading the stream back: {} stored, {} not)\n",
-            self.events_attempted,
-            self.events_acknowledged,
-            self.events_unknown,
-            self.events_unknown_stored,
-            self.events_unknown - self.events_unknown_stored.min(self.events_unknown)
-        );
-        out += &format!(
-            "duplicates: injected by the simulator {}; dropped by message id {}; replayed messages skipped by sequence (tuples) {}\n",
-            self.duplicates_injected, self.dropped_by_id, self.skipped_by_seq
-        );
-        out += &format!(
-            "per-limit comparison: {} limits; mismatches pacer {} aggregator {}; largest absolute difference {} micros\n",
-            self.limits_compared, self.pacer_mismatches, self.aggregator_mismatches, self.max_abs_diff
-        );
-        let mut all: Vec<u64> = self.recovery_ms.iter().map(|(_, ms)| *ms).collect();
-        all.sort_unstable();
-        out += &format!(
-            "recovery (restart -> caught up), ms: p50 {} p99 {} max {} over {} restarts\n",
-            percentile(&all, 50.0),
-            percentile(&all, 99.0),
-            all.last().copied().unwrap_or(0),
-            all.len()
-        );
-        let mut by_kind: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-        for (kind, ms) in &self.recovery_ms {
-            by_kind.entry(kind).or_default().push(*ms);
-        }
-        for (kind, mut v) in by_kind {
-            v.sort_unstable();
-            out += &format!(
-                "  {kind:<36} p50 {:>6} max {:>6}\n",
-                percentile(&v, 50.0),
-                v.last().copied().unwrap_or(0)
-            );
-        }
-        out
-    }
-}
 
 /// Per-service metrics ports, fixed for the campaign so restarts keep them.
 struct Ports {
@@ -534,24 +373,6 @@ enum Recovery {
     Both(u64, u64),
     /// A checkpoint newer than this id recorded.
     Checkpoint(u64),
-}
-
-/// Lifetime sums in an aggregator's LMDB (the aggregator must be stopped).
-pub fn aggregator_totals(lmdb_dir: &std::path::Path) -> anyhow::Result<BTreeMap<String, u64>> {
-    let store = adspend_aggregator::store::Store::open(lmdb_dir, 1 << 30)?;
-    let totals = {
-        let txn = store.read_txn()?;
-        let mut totals = BTreeMap::new();
-        for item in store.lifetime.iter(&txn)? {
-            let (limit, value) = item?;
-            let (micros, _) = adspend_aggregator::store::parse_lifetime(value)
-                .context("a lifetime value that is not 16 bytes")?;
-            totals.insert(limit.to_string(), micros);
-        }
-        totals
-    };
-    store.env.prepare_for_closing().wait();
-    Ok(totals)
 }
 
 /// Run a campaign; `on_round` sees each finished round's index and fault.
