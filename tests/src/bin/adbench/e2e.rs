@@ -1,0 +1,112 @@
+//! The whole pipeline on real processes: sustained throughput, then
+//! freshness at half that rate.
+
+use std::time::Duration;
+
+use adspend_tests::bench::e2e;
+use adspend_tests::bench::report::{number, Samples, Table, Target};
+use adspend_tests::pipeline::Backends;
+
+use crate::Args;
+
+pub(crate) async fn end_to_end(args: &Args, table: &mut Table) -> anyhow::Result<()> {
+    let catalog = adspend_tests::sim::generate_catalog(
+        &adspend_tests::sim::CatalogSpec::for_ads(args.ads),
+        3,
+    )?;
+    for durable in [true, false] {
+        let setting = if durable {
+            "sync_interval always"
+        } else {
+            "NATS default sync (2 min)"
+        };
+        let (mut rates, mut p50, mut p99) =
+            (Samples::default(), Samples::default(), Samples::default());
+        for run in 0..args.runs {
+            let p = e2e::start(catalog.clone(), durable, Backends::default()).await?;
+            let result = e2e::sustained(
+                &p,
+                Duration::from_secs(args.e2e_secs),
+                args.batch,
+                100 + run as u64,
+            )
+            .await?;
+            anyhow::ensure!(
+                result.exact,
+                "end-to-end run {run} ({setting}) did not match the truth"
+            );
+            println!(
+                "bench:   e2e {setting}: {} events in {:.1}s = {} events/s, exact",
+                result.events,
+                result.secs,
+                number(result.events_per_sec)
+            );
+            rates.push(result.events_per_sec);
+            drop(p);
+            // A fresh pipeline, so the state (and each checkpoint's size) is
+            // what the half-rate run builds, not what the full-rate run left.
+            let p = e2e::start(catalog.clone(), durable, Backends::default()).await?;
+            let half = result.events_per_sec / 2.0;
+            let fresh = e2e::freshness(
+                &p,
+                half,
+                Duration::from_secs(30),
+                args.batch,
+                200 + run as u64,
+            )
+            .await?;
+            println!(
+                "bench:   freshness at {} events/s ({} achieved): p50 {:.0} ms, p99 {:.0} ms over {} pushes",
+                number(half),
+                number(fresh.events_per_sec),
+                fresh.p50_ms,
+                fresh.p99_ms,
+                fresh.pushes
+            );
+            p50.push(fresh.p50_ms);
+            p99.push(fresh.p99_ms);
+        }
+        let note = format!(
+            "{} s sustained, NDJSON {} events/message, 5% duplicates, {setting}",
+            args.e2e_secs, args.batch
+        );
+        let (rate_target, p99_target) = if durable {
+            (
+                Some(Target {
+                    text: ">= 500,000",
+                    bound: 500_000.0,
+                    higher: true,
+                }),
+                Some(Target {
+                    text: "<= 250",
+                    bound: 250.0,
+                    higher: false,
+                }),
+            )
+        } else {
+            (None, None)
+        };
+        table.add(
+            format!("end to end ({setting})"),
+            "impressions/s",
+            rates,
+            rate_target,
+            note,
+        );
+        table.add(
+            format!("freshness p50 at half rate ({setting})"),
+            "ms",
+            p50,
+            None,
+            "published → in the pacer",
+        );
+        table.add(
+            format!("freshness p99 at half rate ({setting})"),
+            "ms",
+            p99,
+            p99_target,
+            "published → in the pacer",
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,135 @@
+//! `adbench`: the benchmark suite in one command. Prints each figure as it is
+//! measured and, at the end, the table of `docs/BENCHMARKS.md` (also written
+//! to `--out`). Build it in release, with the services:
+//! `cargo build --release --workspace --bins`, or run `scripts/bench.sh`.
+//!
+//! One module per section: `state` (apply, checkpoint), `e2e`, `peers`,
+//! `recovery`; each adds its rows to the table.
+
+mod e2e;
+mod peers;
+mod recovery;
+mod state;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use adspend_tests::bench::report::{Samples, Table};
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Section {
+    Apply,
+    Checkpoint,
+    E2e,
+    Peers,
+    Recovery,
+}
+
+#[derive(Parser)]
+#[command(name = "adbench", version)]
+struct Args {
+    /// Sections to run, comma-separated (default: all, in this order).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "apply,checkpoint,e2e,peers,recovery"
+    )]
+    sections: Vec<Section>,
+    /// Runs of each measurement, for min/median/max.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Seconds of each sustained end-to-end run.
+    #[arg(long, default_value_t = 60)]
+    e2e_secs: u64,
+    /// Events per NDJSON message in the end-to-end and peer runs.
+    #[arg(long, default_value_t = 1000)]
+    batch: usize,
+    /// Events of the workload every contender of the peer section consumes.
+    #[arg(long, default_value_t = 1_000_000)]
+    peer_events: u64,
+    /// Events published before the first kill of the recovery section (about
+    /// 3.3 dedupe ids each).
+    #[arg(long, default_value_t = 3_000_000)]
+    recovery_events: u64,
+    /// Ads in the generated catalogs of the pipeline runs.
+    #[arg(long, default_value_t = 20_000)]
+    ads: u32,
+    /// Limits and dedupe ids of the checkpoint state.
+    #[arg(long, default_value_t = 1_000_000)]
+    state_limits: usize,
+    #[arg(long, default_value_t = 10_000_000)]
+    state_ids: u64,
+    /// Skip the apply case over 1,000,000 uniform limits (for profiling the
+    /// Zipf case alone).
+    #[arg(long)]
+    apply_skip_uniform: bool,
+    /// Where to write the results table (markdown).
+    #[arg(long, default_value = "target/bench/results.md")]
+    out: PathBuf,
+    /// Scratch directory for LMDB stores and snapshots (on the disk under test).
+    #[arg(long, default_value = "target/bench/scratch")]
+    scratch: PathBuf,
+}
+
+fn samples(values: impl IntoIterator<Item = f64>) -> Samples {
+    Samples {
+        values: values.into_iter().collect(),
+    }
+}
+
+/// mimalloc keeps large freed blocks for reuse; the system allocator
+/// returned them to the kernel and paid for zeroed pages on every batch.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    adspend_common::telemetry::init_tracing();
+    let args = Args::parse();
+    match run(&args).await {
+        Ok(table) => {
+            let markdown = table.markdown();
+            println!("\n{markdown}");
+            if let Some(dir) = args.out.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            if let Err(e) = std::fs::write(&args.out, &markdown) {
+                eprintln!("adbench: writing {}: {e}", args.out.display());
+                return ExitCode::FAILURE;
+            }
+            println!("adbench: table written to {}", args.out.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("adbench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: &Args) -> anyhow::Result<Table> {
+    anyhow::ensure!(args.runs > 0, "--runs must be at least 1");
+    std::fs::create_dir_all(&args.scratch)
+        .with_context(|| format!("creating {}", args.scratch.display()))?;
+    let mut table = Table::default();
+    for section in &args.sections {
+        println!("bench: == {section:?} ==");
+        match section {
+            Section::Apply => state::apply(args, &mut table)?,
+            Section::Checkpoint => state::checkpoint(args, &mut table).await?,
+            Section::E2e => e2e::end_to_end(args, &mut table).await?,
+            Section::Peers => peers::side_by_side(args, &mut table).await?,
+            Section::Recovery => recovery::recover(args, &mut table).await?,
+        }
+    }
+    Ok(table)
+}
+
+fn scratch(args: &Args, name: &str) -> anyhow::Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix(name)
+        .tempdir_in(&args.scratch)
+        .context("scratch directory")
+}
