@@ -1,11 +1,16 @@
 //! The HTTP API of CONTRACT.md, the dashboard and the operational endpoints.
+//!
+//! Routes by scope ([`crate::auth`]): the read endpoints and the decisions
+//! endpoint behind their token checks, the dashboard page, `/healthz` and
+//! `/metrics` open. Every error is JSON ([`crate::reply`]).
 
 use std::sync::Arc;
 
 use adspend_common::catalog::Catalog;
 use adspend_common::telemetry::DECISIONS_TOTAL;
-use axum::extract::{Path, Query, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -13,8 +18,13 @@ use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, RwLock};
 
+use crate::auth::{require_decide, require_read, Auth};
 use crate::pacing::{decide, view, Decision, LimitView};
+use crate::reply::{error, json_errors, method_not_allowed, not_found, ApiJson, ApiPath, ApiQuery};
 use crate::state::SpendState;
+
+/// Largest request body accepted (a decisions batch): 413 above it.
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 
 #[derive(Clone)]
 pub struct AppState {
@@ -22,35 +32,43 @@ pub struct AppState {
     pub spend: Arc<RwLock<SpendState>>,
 }
 
-pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/", get(dashboard))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/metrics", get(metrics))
+/// The API port: everything.
+pub fn router(state: AppState, auth: Auth) -> Router {
+    let read = Router::new()
         .route("/v1/limits", get(list_limits))
         .route("/v1/limits/{limit_id}", get(get_limit))
         .route("/v1/limits/{limit_id}/history", get(get_history))
-        .route("/v1/decisions", post(decisions))
         .route("/v1/shards", get(list_shards))
-        .with_state(state)
+        .route_layer(from_fn_with_state(auth.clone(), require_read));
+    let decide = Router::new()
+        .route("/v1/decisions", post(decisions))
+        .route_layer(from_fn_with_state(auth, require_decide));
+    let open = Router::new().route("/", get(dashboard));
+    finish(open.merge(read).merge(decide).merge(ops_routes())).with_state(state)
 }
 
-#[derive(Serialize)]
-struct ApiError {
-    error: String,
+/// The separate operations port (`ADSPEND_PACER_OPS_ADDR`): `/healthz` and
+/// `/metrics` only, never behind a token.
+pub fn ops_router() -> Router {
+    finish(ops_routes())
 }
 
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (
-        status,
-        Json(ApiError {
-            error: message.into(),
-        }),
-    )
-        .into_response()
+fn ops_routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
 }
 
-async fn get_limit(State(app): State<AppState>, Path(limit_id): Path<String>) -> Response {
+/// JSON 404 and 405, JSON for any other error, and the body limit.
+fn finish<S: Clone + Send + Sync + 'static>(router: Router<S>) -> Router<S> {
+    router
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(from_fn(json_errors))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+}
+
+async fn get_limit(State(app): State<AppState>, ApiPath(limit_id): ApiPath<String>) -> Response {
     let catalog = app.catalog.borrow().clone();
     let Some(limit) = catalog.limit(&limit_id) else {
         return error(StatusCode::NOT_FOUND, format!("unknown limit {limit_id:?}"));
@@ -66,7 +84,7 @@ struct History<'a> {
 }
 
 /// Spend, plan and multiplier over the current period (dashboard charts).
-async fn get_history(State(app): State<AppState>, Path(limit_id): Path<String>) -> Response {
+async fn get_history(State(app): State<AppState>, ApiPath(limit_id): ApiPath<String>) -> Response {
     let catalog = app.catalog.borrow().clone();
     if catalog.limit(&limit_id).is_none() {
         return error(StatusCode::NOT_FOUND, format!("unknown limit {limit_id:?}"));
@@ -95,7 +113,7 @@ struct LimitsPage {
 
 const MAX_PAGE: usize = 1000;
 
-async fn list_limits(State(app): State<AppState>, Query(page): Query<Page>) -> Response {
+async fn list_limits(State(app): State<AppState>, ApiQuery(page): ApiQuery<Page>) -> Response {
     let size = page.limit.unwrap_or(100);
     if size == 0 || size > MAX_PAGE {
         return error(
@@ -181,7 +199,10 @@ struct DecisionResponse {
 
 /// On the bidder's hot path: one read lock and one catalog snapshot for the
 /// whole batch.
-async fn decisions(State(app): State<AppState>, Json(request): Json<DecisionRequest>) -> Response {
+async fn decisions(
+    State(app): State<AppState>,
+    ApiJson(request): ApiJson<DecisionRequest>,
+) -> Response {
     let catalog = app.catalog.borrow().clone();
     let spend = app.spend.read().await;
     let now = Utc::now();

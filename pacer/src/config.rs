@@ -1,8 +1,12 @@
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use adspend_common::config::{parse_addr, CatalogArgs, EtcdArgs, NatsArgs};
 use adspend_common::Error;
 use clap::Parser;
+
+use crate::auth::{parse_tokens, Auth};
+use crate::serve::HttpLimits;
 
 /// Holds budget state from the aggregators' pushes and answers ad servers:
 /// may I bid on this ad, how hard, what is left.
@@ -21,6 +25,11 @@ pub struct Config {
     /// Prometheus /metrics listen address (also served on the API port).
     #[arg(long, env = "ADSPEND_METRICS_ADDR", default_value = "127.0.0.1:9103")]
     pub metrics_addr: String,
+    /// Optional second listen address serving only /healthz and /metrics,
+    /// never behind a token (for probes and scrapers kept off the API
+    /// port's network). Empty: none; both stay on the API port either way.
+    #[arg(long, env = "ADSPEND_PACER_OPS_ADDR", default_value = "")]
+    pub ops_addr: String,
     /// Milliseconds after which a shard whose owner has pushed nothing (not
     /// even its heartbeat, sent at least every second while idle) is stale:
     /// its limits say `"stale": true` and the ads under them are not
@@ -29,16 +38,161 @@ pub struct Config {
     #[arg(long, env = "ADSPEND_PACER_STALE_AFTER_MS", default_value_t = 30_000,
           value_parser = clap::value_parser!(u64).range(2_000..=86_400_000))]
     pub stale_after_ms: u64,
+    /// Bearer tokens of the read scope (GET /v1/limits…, /v1/shards: the
+    /// dashboard's data), comma-separated, each at least 16 characters of
+    /// A-Z a-z 0-9 - . _ ~ + / (= at the end). Empty: reading needs no token.
+    #[arg(
+        long,
+        env = "ADSPEND_PACER_READ_TOKENS",
+        default_value = "",
+        hide_env_values = true,
+        hide_default_value = true
+    )]
+    pub read_tokens: Secret,
+    /// Bearer tokens of the decide scope (POST /v1/decisions), as for the
+    /// read scope; a decide token does not read. Empty: deciding needs no
+    /// token.
+    #[arg(
+        long,
+        env = "ADSPEND_PACER_DECIDE_TOKENS",
+        default_value = "",
+        hide_env_values = true,
+        hide_default_value = true
+    )]
+    pub decide_tokens: Secret,
+    /// Milliseconds a request may take, from its first byte to its answer
+    /// (head, body and handling): a slower one gets 408 or, still in its
+    /// head, a closed connection. Also how long a new connection may stay
+    /// silent and a response write may stall.
+    #[arg(long, env = "ADSPEND_PACER_REQUEST_TIMEOUT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub request_timeout_ms: u64,
+    /// Milliseconds a keep-alive connection may sit idle between requests.
+    #[arg(long, env = "ADSPEND_PACER_IDLE_TIMEOUT_MS", default_value_t = 60_000,
+          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub idle_timeout_ms: u64,
+    /// Most open connections on the API port (each carries one request at a
+    /// time); more wait in the listen backlog until one closes.
+    #[arg(long, env = "ADSPEND_PACER_MAX_CONNECTIONS", default_value_t = 1024,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections: u64,
+}
+
+/// A setting whose value must never be printed: `Debug` shows its length.
+#[derive(Clone, Default)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secret(<{} bytes>)", self.0.len())
+    }
+}
+
+impl std::str::FromStr for Secret {
+    // Never fails, so clap never echoes the value in an error; validation
+    // (naming entries by position only) is `Config::validate`'s.
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_string()))
+    }
+}
+
+/// The settings once validated.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub api_addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub ops_addr: Option<SocketAddr>,
+    pub auth: Auth,
+    pub http: HttpLimits,
 }
 
 impl Config {
-    /// (API address, metrics address), or the first bad setting.
-    pub fn validate(&self) -> Result<(SocketAddr, SocketAddr), Error> {
+    /// The validated settings, or the first bad one.
+    pub fn validate(&self) -> Result<Settings, Error> {
         self.etcd.validate()?;
         self.catalog.source(&self.etcd)?;
-        Ok((
-            parse_addr("ADSPEND_PACER_ADDR", &self.pacer_addr)?,
-            parse_addr("ADSPEND_METRICS_ADDR", &self.metrics_addr)?,
-        ))
+        let ops_addr = match self.ops_addr.trim() {
+            "" => None,
+            addr => Some(parse_addr("ADSPEND_PACER_OPS_ADDR", addr)?),
+        };
+        let tokens = |name: &'static str, secret: &Secret| {
+            parse_tokens(&secret.0).map_err(|bad| Error::Config {
+                name,
+                value: "<not shown>".to_string(),
+                reason: format!("token {} {}", bad.position, bad.reason),
+            })
+        };
+        let auth = Auth::new(
+            tokens("ADSPEND_PACER_READ_TOKENS", &self.read_tokens)?,
+            tokens("ADSPEND_PACER_DECIDE_TOKENS", &self.decide_tokens)?,
+        );
+        Ok(Settings {
+            api_addr: parse_addr("ADSPEND_PACER_ADDR", &self.pacer_addr)?,
+            metrics_addr: parse_addr("ADSPEND_METRICS_ADDR", &self.metrics_addr)?,
+            ops_addr,
+            auth,
+            http: HttpLimits {
+                request_timeout: Duration::from_millis(self.request_timeout_ms),
+                idle_timeout: Duration::from_millis(self.idle_timeout_ms),
+                max_connections: self.max_connections as usize,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Config {
+        let mut all = vec!["pacer"];
+        all.extend_from_slice(args);
+        Config::try_parse_from(all).unwrap()
+    }
+
+    #[test]
+    fn defaults_leave_the_api_open_with_the_documented_limits() {
+        let settings = parse(&[]).validate().unwrap();
+        assert_eq!(settings.ops_addr, None);
+        assert!(!settings.auth.required(crate::auth::Scope::Read));
+        assert!(!settings.auth.required(crate::auth::Scope::Decide));
+        assert_eq!(settings.http.request_timeout, Duration::from_secs(10));
+        assert_eq!(settings.http.idle_timeout, Duration::from_secs(60));
+        assert_eq!(settings.http.max_connections, 1024);
+        assert_eq!(parse(&[]).stale_after_ms, 30_000);
+    }
+
+    #[test]
+    fn a_bad_token_is_named_by_setting_and_position_never_shown() {
+        let config = parse(&["--decide-tokens=good-token-0123456789,oops"]);
+        let message = config.validate().unwrap_err().to_string();
+        assert!(message.contains("ADSPEND_PACER_DECIDE_TOKENS"), "{message}");
+        assert!(message.contains("token 2 is shorter"), "{message}");
+        assert!(
+            !message.contains("oops") && !message.contains("good-token"),
+            "{message}"
+        );
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("good-token"), "{shown}");
+    }
+
+    #[test]
+    fn out_of_range_timeouts_and_bad_addresses_are_refused() {
+        let parse_err = |args: &[&str]| {
+            let mut all = vec!["pacer"];
+            all.extend_from_slice(args);
+            Config::try_parse_from(all).unwrap_err().to_string()
+        };
+        assert!(parse_err(&["--stale-after-ms=500"]).contains("2000"));
+        assert!(parse_err(&["--stale-after-ms=soon"]).contains("stale-after-ms"));
+        assert!(parse_err(&["--request-timeout-ms=0"]).contains("request-timeout-ms"));
+        assert!(parse_err(&["--max-connections=0"]).contains("max-connections"));
+        let message = parse(&["--ops-addr=nowhere"])
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("ADSPEND_PACER_OPS_ADDR"), "{message}");
     }
 }

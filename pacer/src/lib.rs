@@ -1,16 +1,22 @@
 //! The pacer: aggregator pushes → budget state → answers for bidders.
 //!
 //! [`ingest`] subscribes to the sums pushes and folds them into
-//! [`state::SpendState`] (never backwards, fenced owners dropped); [`api`]
-//! joins that state with the catalog's budgets through [`pacing`] to answer
-//! `/v1/limits` and `/v1/decisions`, and serves the dashboard.
+//! [`state::SpendState`] (never backwards, fenced owners dropped, silent
+//! shards marked stale); [`api`] joins that state with the catalog's budgets
+//! through [`pacing`] to answer `/v1/limits` and `/v1/decisions`, and serves
+//! the dashboard, behind the optional bearer tokens of [`auth`], with JSON
+//! errors ([`reply`]), on listeners that [`serve`] guards against slow
+//! clients.
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod controller;
 pub mod error;
 pub mod ingest;
 pub mod pacing;
+pub mod reply;
+pub mod serve;
 pub mod shape;
 pub mod state;
 
@@ -26,7 +32,8 @@ pub use error::Error;
 
 /// Serve until `shutdown`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
-    let (addr, _) = config.validate()?;
+    let settings = config.validate()?;
+    let addr = settings.api_addr;
     let source = config.catalog.source(&config.etcd)?;
     let catalog = source.clone().watch(shutdown.clone()).await?;
     let client = nats::connect(&config.nats.nats_url, "adspend-pacer").await?;
@@ -36,14 +43,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         listening_since_ms: Some(adspend_common::now_ms()),
         ..state::SpendState::default()
     }));
-    let listener =
-        tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| adspend_common::Error::Bind {
-                what: "pacer API",
-                addr: addr.to_string(),
-                reason: e.to_string(),
-            })?;
+    let listener = bind("pacer API", addr).await?;
+    let ops_listener = match settings.ops_addr {
+        Some(ops) => Some(bind("pacer operations", ops).await?),
+        None => None,
+    };
     let ingest_task = tokio::spawn(ingest::run(
         client,
         pushes,
@@ -52,16 +56,56 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         shutdown.clone(),
     ));
     let tick_task = tokio::spawn(ticker(spend.clone(), catalog.clone(), shutdown.clone()));
-    tracing::info!(addr = %addr, catalog = source.describe(), "pacer serving");
-    let app = api::router(api::AppState { catalog, spend });
-    let serve =
-        axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    let result = serve.await.map_err(|e| Error::Serve(e.to_string()));
+    let scope = |scope| match settings.auth.required(scope) {
+        true => "token",
+        false => "open",
+    };
+    tracing::info!(
+        addr = %addr,
+        ops_addr = ?settings.ops_addr,
+        catalog = source.describe(),
+        read = scope(auth::Scope::Read),
+        decide = scope(auth::Scope::Decide),
+        max_connections = settings.http.max_connections,
+        request_timeout_ms = settings.http.request_timeout.as_millis() as u64,
+        "pacer serving"
+    );
+    let ops_task = ops_listener.map(|listener| {
+        let shutdown = shutdown.clone();
+        tokio::spawn(serve::serve(
+            listener,
+            api::ops_router(),
+            settings.http,
+            shutdown,
+        ))
+    });
+    let app = api::router(api::AppState { catalog, spend }, settings.auth.clone());
+    let result = serve::serve(listener, app, settings.http, shutdown.clone())
+        .await
+        .map_err(|e| Error::Serve(e.to_string()));
     shutdown.cancel();
     let _ = ingest_task.await;
     let _ = tick_task.await;
+    if let Some(task) = ops_task {
+        if let Ok(Err(e)) = task.await {
+            tracing::warn!(error = %e, "operations listener failed");
+        }
+    }
     tracing::info!("pacer stopped");
     result
+}
+
+async fn bind(
+    what: &'static str,
+    addr: std::net::SocketAddr,
+) -> Result<tokio::net::TcpListener, Error> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        Error::from(adspend_common::Error::Bind {
+            what,
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        })
+    })
 }
 
 const TICK: std::time::Duration = std::time::Duration::from_secs(1);

@@ -19,8 +19,8 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn start(config: Config) -> anyhow::Result<()> {
-    let (_, metrics_addr) = config.validate()?;
-    telemetry::install_metrics(metrics_addr)?;
+    let settings = config.validate()?;
+    telemetry::install_metrics(settings.metrics_addr)?;
     let shutdown = shutdown::on_signals()?;
     run(config, shutdown).await?;
     Ok(())
