@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use adspend_common::telemetry::{
     APPLY_COMMITS_TOTAL, DEDUPE_IDS, DEDUPE_WINDOW_SECONDS, DUPLICATES_DROPPED_TOTAL,
-    LAST_APPLIED_SEQ, TUPLES_APPLIED_TOTAL,
+    LAST_APPLIED_SEQ, SPEND_SET_ASIDE_TOTAL, TUPLES_APPLIED_TOTAL,
 };
 use adspend_common::types::{SpendMessage, SumEntry, LIFETIME_BUCKET};
 use adspend_common::{failpoint, now_ms};
@@ -40,6 +40,20 @@ const MAX_GROUP_TUPLES: usize = 200_000;
 /// Most dedupe ids evicted per transaction (rounded up to whole log
 /// entries); the rest go in the next ones.
 const MAX_EVICT_PER_TXN: u64 = 100_000;
+
+/// A tuple set aside because adding it would take its limit's lifetime sum
+/// past u64 micros. Checking the lifetime sum is enough: every tuple adds to
+/// it, so no bucket sum exceeds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Overflowed {
+    pub seq: u64,
+    pub limit: String,
+    pub bucket: u32,
+    pub cost_micros: u64,
+    pub msg_id: [u8; 16],
+    /// The lifetime sum it would have been added to.
+    pub lifetime_micros: u64,
+}
 
 /// (limit, bucket, micros to add) of one period bucket.
 type BucketDelta<'a> = (&'a str, u32, u64);
@@ -93,6 +107,9 @@ pub struct Writer {
     /// What changed since the last checkpoint took it ([`crate::delta`]),
     /// updated under the same lock as each commit.
     changes: Arc<Mutex<Changes>>,
+    /// Where tuples set aside for overflow go, after their commit (to be
+    /// dead lettered).
+    overflowed: Option<mpsc::UnboundedSender<Overflowed>>,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -101,6 +118,8 @@ pub struct GroupStats {
     pub duplicates_by_id: u64,
     pub replayed_by_seq: u64,
     pub evicted: u64,
+    /// Tuples set aside because they would overflow their limit's sum.
+    pub overflowed: u64,
 }
 
 impl Writer {
@@ -128,6 +147,7 @@ impl Writer {
             shard: "all".to_string(),
             lease: None,
             changes: Arc::new(Mutex::new(Changes::at(last_applied_seq))),
+            overflowed: None,
         })
     }
 
@@ -136,6 +156,12 @@ impl Writer {
     pub fn for_shard(mut self, shard: &str, lease: Option<Arc<Validity>>) -> Self {
         self.shard = shard.to_string();
         self.lease = lease;
+        self
+    }
+
+    /// Send tuples set aside for overflow to `tx` once their group commits.
+    pub fn with_overflow_sink(mut self, tx: mpsc::UnboundedSender<Overflowed>) -> Self {
+        self.overflowed = Some(tx);
         self
     }
 
@@ -173,15 +199,43 @@ impl Writer {
     /// Apply messages in one write transaction. On an error nothing is
     /// committed and the in-memory dedupe set is rebuilt from LMDB, so the
     /// writer stays consistent with what is durable.
+    ///
+    /// A sum that would overflow sends the group through again tuple by
+    /// tuple ([`Writer::try_apply_group`] with `careful`), setting aside
+    /// exactly the tuples that would overflow; the decision depends only on
+    /// the stored sums and the order of the stream, so a replay grouped
+    /// differently decides the same.
     pub fn apply_group(&mut self, group: &[Incoming]) -> Result<GroupStats, Error> {
-        let result = self.try_apply_group(group);
+        let last_marker = self.last_marker;
+        let mut result = self.try_apply_group(group, false);
+        if matches!(result, Err(Error::Overflow { .. })) {
+            self.ids = dedupe::load(&self.store)?;
+            self.last_marker = last_marker;
+            result = self.try_apply_group(group, true);
+        }
         if result.is_err() {
             self.ids = dedupe::load(&self.store)?;
+            self.last_marker = last_marker;
         }
         result
     }
 
-    fn try_apply_group(&mut self, group: &[Incoming]) -> Result<GroupStats, Error> {
+    /// The stored lifetime sum of `limit` as the transaction sees it.
+    fn stored_lifetime(&self, txn: &RwTxn<'_>, limit: &str) -> Result<u64, Error> {
+        let store = &self.store;
+        match store
+            .lifetime
+            .get(txn, limit)
+            .map_err(store.err("get lifetime"))?
+        {
+            None => Ok(0),
+            Some(value) => parse_lifetime(value)
+                .map(|(micros, _)| micros)
+                .ok_or_else(|| store.corrupt(format!("the lifetime sum of {limit}"), value)),
+        }
+    }
+
+    fn try_apply_group(&mut self, group: &[Incoming], careful: bool) -> Result<GroupStats, Error> {
         let Some(last) = group.last() else {
             return Ok(GroupStats::default());
         };
@@ -197,6 +251,9 @@ impl Writer {
         let mut first_applied = None;
         let mut clock_ms = 0u64;
         let mut local: Vec<LocalSum> = Vec::new();
+        // Careful mode: each limit's lifetime sum as it would stand so far.
+        let mut projected: FxHashMap<&str, u64> = FxHashMap::default();
+        let mut overflowed: Vec<Overflowed> = Vec::new();
         self.new_ids.clear();
         for incoming in group {
             if incoming.seq <= applied_through {
@@ -222,6 +279,29 @@ impl Writer {
                         }
                         self.new_ids.extend_from_slice(&tuple.msg_id.0);
                         let limit = batch.limit_of(tuple);
+                        if careful {
+                            let total = match projected.get_mut(limit) {
+                                Some(total) => total,
+                                None => {
+                                    let stored = self.stored_lifetime(&wtxn, limit)?;
+                                    projected.entry(limit).or_insert(stored)
+                                }
+                            };
+                            match total.checked_add(tuple.cost_micros) {
+                                Some(sum) => *total = sum,
+                                None => {
+                                    overflowed.push(Overflowed {
+                                        seq: incoming.seq,
+                                        limit: limit.to_string(),
+                                        bucket: tuple.bucket,
+                                        cost_micros: tuple.cost_micros,
+                                        msg_id: tuple.msg_id.0,
+                                        lifetime_micros: *total,
+                                    });
+                                    continue;
+                                }
+                            }
+                        }
                         let sum = &mut local[tuple.limit as usize];
                         sum.micros =
                             checked(sum.micros, tuple.cost_micros, limit, LIFETIME_BUCKET)?;
@@ -375,6 +455,21 @@ impl Writer {
         } else {
             last.stream_ms
         };
+        stats.overflowed = overflowed.len() as u64;
+        for tuple in overflowed {
+            metrics::counter!(SPEND_SET_ASIDE_TOTAL, "reason" => "sum_overflow").increment(1);
+            tracing::error!(
+                seq = tuple.seq,
+                limit = tuple.limit,
+                bucket = tuple.bucket,
+                cost_micros = tuple.cost_micros,
+                lifetime_micros = tuple.lifetime_micros,
+                "spend tuple set aside: it would take the limit's sum past u64 micros"
+            );
+            if let Some(tx) = &self.overflowed {
+                let _ = tx.send(tuple);
+            }
+        }
         self.dirty
             .record(changed, applied_through, watermark_ms, source_ms);
         for seq in markers {

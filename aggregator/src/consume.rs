@@ -224,13 +224,31 @@ async fn set_aside(
         "stream_seq": seq,
         "bytes": payload.len(),
     });
+    publish_dead_letter(
+        deadletters,
+        "spend_undecodable",
+        &format!("spend-{seq}"),
+        &letter,
+    )
+    .await;
+}
+
+/// Publish a dead letter about `SPEND` on `deadletter.<reason>`. The message
+/// id makes a replay's copy a JetStream duplicate; a failure is logged, not
+/// retried (the error log and the metric already tell).
+pub(crate) async fn publish_dead_letter(
+    deadletters: &async_nats::jetstream::Context,
+    reason: &str,
+    msg_id: &str,
+    letter: &serde_json::Value,
+) {
     let mut headers = async_nats::HeaderMap::new();
-    headers.insert("Nats-Msg-Id", format!("spend-{seq}").as_str());
-    headers.insert("Adspend-Reason", "spend_undecodable");
+    headers.insert("Nats-Msg-Id", msg_id);
+    headers.insert("Adspend-Reason", reason);
     let publish = async {
         deadletters
             .publish_with_headers(
-                "deadletter.spend_undecodable",
+                format!("deadletter.{reason}"),
                 headers,
                 letter.to_string().into(),
             )
@@ -242,8 +260,8 @@ async fn set_aside(
     match tokio::time::timeout(Duration::from_secs(5), publish).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {
-            tracing::warn!(seq, error = %e, "dead letter for a SPEND message not published")
+            tracing::warn!(msg_id, error = %e, "dead letter about SPEND not published")
         }
-        Err(_) => tracing::warn!(seq, "dead letter for a SPEND message timed out"),
+        Err(_) => tracing::warn!(msg_id, "dead letter about SPEND timed out"),
     }
 }

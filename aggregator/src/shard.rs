@@ -170,6 +170,8 @@ pub async fn run(
     let writer = apply::Writer::new(store.clone(), settings.dedupe, dirty.clone(), checkpoint_tx)?
         .for_shard(&shard, lease.clone());
     let changes = writer.changes();
+    let (overflow_tx, mut overflow_rx) = mpsc::unbounded_channel::<apply::Overflowed>();
+    let writer = writer.with_overflow_sink(overflow_tx);
     let (incoming_tx, incoming_rx) = mpsc::channel(INCOMING_QUEUE);
     let tasks = TaskTracker::new();
 
@@ -205,6 +207,28 @@ pub async fn run(
     let chain = record
         .clone()
         .filter(|r| r.lineage == lineage && r.seq == last_applied);
+    {
+        // Tuples the writer set aside for overflow, dead lettered; ends when
+        // the writer does.
+        let js = js.clone();
+        tasks.spawn(async move {
+            while let Some(tuple) = overflow_rx.recv().await {
+                let msg_id = hex(&tuple.msg_id);
+                let letter = serde_json::json!({
+                    "reason": "sum_overflow",
+                    "stream": nats::SPEND_STREAM,
+                    "stream_seq": tuple.seq,
+                    "limit_id": tuple.limit,
+                    "bucket": tuple.bucket,
+                    "cost_micros": tuple.cost_micros,
+                    "lifetime_micros": tuple.lifetime_micros,
+                    "msg_id": msg_id,
+                });
+                let id = format!("overflow-{}-{msg_id}", tuple.seq);
+                consume::publish_dead_letter(&js, "sum_overflow", &id, &letter).await;
+            }
+        });
+    }
     let checkpointer = checkpointer::Checkpointer {
         store: store.clone(),
         snapshots,
@@ -302,4 +326,8 @@ pub async fn run(
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -54,11 +54,25 @@ fn poison() -> Vec<Vec<u8>> {
 
 /// (reason, stream_seq) of every dead letter about `SPEND`.
 async fn spend_dead_letters(p: &Pipeline, expected: usize) -> Vec<(String, u64)> {
+    dead_letters(p, "deadletter.spend_undecodable", expected)
+        .await
+        .iter()
+        .map(|letter| {
+            (
+                letter["reason"].as_str().unwrap().to_string(),
+                letter["stream_seq"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The first `expected` dead letters on `subject`.
+async fn dead_letters(p: &Pipeline, subject: &str, expected: usize) -> Vec<serde_json::Value> {
     let js = jetstream::new(p.client().await);
     let stream = js.get_stream("DEADLETTER").await.expect("DEADLETTER");
     let consumer = stream
         .create_consumer(OrderedConfig {
-            filter_subject: "deadletter.spend_undecodable".into(),
+            filter_subject: subject.into(),
             ..Default::default()
         })
         .await
@@ -68,14 +82,10 @@ async fn spend_dead_letters(p: &Pipeline, expected: usize) -> Vec<(String, u64)>
     while letters.len() < expected {
         let message = tokio::time::timeout(Duration::from_secs(10), messages.next())
             .await
-            .unwrap_or_else(|_| panic!("only {} SPEND dead letters: {letters:?}", letters.len()))
+            .unwrap_or_else(|_| panic!("only {} dead letters: {letters:?}", letters.len()))
             .expect("stream ended")
             .expect("message");
-        let letter: serde_json::Value = serde_json::from_slice(&message.payload).unwrap();
-        letters.push((
-            letter["reason"].as_str().unwrap().to_string(),
-            letter["stream_seq"].as_u64().unwrap(),
-        ));
+        letters.push(serde_json::from_slice(&message.payload).unwrap());
     }
     letters
 }
@@ -132,4 +142,64 @@ async fn undecodable_spend_messages_are_set_aside_and_replay_sets_them_aside_aga
     let mut stream = js.get_stream("DEADLETTER").await.expect("DEADLETTER");
     let held = stream.info().await.expect("info").state.messages;
     assert_eq!(held, poisoned.len() as u64, "dead letters in DEADLETTER");
+}
+
+const OVERFLOWED: &str = "adspend_spend_set_aside_total{reason=\"sum_overflow\"}";
+
+/// The poison pill of the report: two impressions whose costs together pass
+/// u64 micros for one limit. The second tuple is set aside (dead lettered
+/// with its sequence, counted, logged), the rest of its message and of the
+/// stream applies, and a replay from nothing sets the same tuple aside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sum_that_would_overflow_sets_one_tuple_aside_and_nothing_stops() {
+    let mut p = Pipeline::start(Backends::default(), 100).await;
+    let metrics_port = free_port();
+    p.aggregator = Some(p.spawn_with("aggregator", metrics_port, &[]));
+    p.limiter = Some(p.spawn("limiter"));
+    p.pacer = Some(p.spawn("pacer"));
+    p.wait_pacer().await;
+
+    let half = u64::MAX / 2 + 1;
+    let pill = |imp: u8| {
+        encode_spend(&SpendMessage::Batch(SpendBatch {
+            source_ms: adspend_common::now_ms(),
+            limits: vec!["poison-limit".into()],
+            tuples: vec![SpendTuple {
+                limit: 0,
+                bucket: adspend_common::types::LIFETIME_BUCKET,
+                cost_micros: half,
+                msg_id: adspend_common::types::MsgId([imp; 16]),
+            }],
+        }))
+    };
+    let mut truth = p.publish(&sim_config(2_000, 41)).await;
+    let first = publish_raw(&p, "spend.1", pill(1)).await;
+    let second = publish_raw(&p, "spend.1", pill(2)).await;
+    truth.absorb(&p.publish(&sim_config(2_000, 42)).await);
+    assert_exact(&p.settle(&truth, Duration::from_secs(60)).await, &truth);
+    let aggregator = p.aggregator.as_mut().unwrap();
+    assert!(aggregator.is_running(), "{}", aggregator.log_tail(20));
+    assert_eq!(metric(metrics_port, OVERFLOWED).await, 1.0);
+    let letters = dead_letters(&p, "deadletter.sum_overflow", 1).await;
+    let letter = &letters[0];
+    assert_eq!(letter["reason"], "sum_overflow");
+    assert_eq!(letter["stream_seq"].as_u64(), Some(second), "not {first}");
+    assert_eq!(letter["limit_id"], "poison-limit");
+    assert_eq!(letter["cost_micros"].as_u64(), Some(half));
+    assert_eq!(letter["lifetime_micros"].as_u64(), Some(half));
+
+    // Crash and lose every local record: the replay makes the same decision,
+    // JetStream drops its copy of the dead letter by message id.
+    p.aggregator.as_mut().unwrap().kill();
+    std::fs::remove_dir_all(p.aggregator_dir()).expect("wipe the aggregator's data dir");
+    p.aggregator.as_mut().unwrap().restart();
+    truth.absorb(&p.publish(&sim_config(1_000, 43)).await);
+    assert_exact(&p.settle(&truth, Duration::from_secs(60)).await, &truth);
+    let aggregator = p.aggregator.as_mut().unwrap();
+    assert!(aggregator.is_running(), "{}", aggregator.log_tail(20));
+    assert_eq!(metric(metrics_port, OVERFLOWED).await, 1.0);
+    let js = jetstream::new(p.client().await);
+    let mut stream = js.get_stream("DEADLETTER").await.expect("DEADLETTER");
+    let held = stream.info().await.expect("info").state.messages;
+    assert_eq!(held, 1, "one dead letter after the replay");
 }

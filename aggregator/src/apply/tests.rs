@@ -113,7 +113,8 @@ fn sums_dedupes_by_id_and_skips_replays_by_seq() {
             applied: 1,
             duplicates_by_id: 1,
             replayed_by_seq: 1,
-            evicted: 0
+            evicted: 0,
+            overflowed: 0,
         }
     );
     let (lifetime, buckets) = sums(&w.store);
@@ -154,21 +155,29 @@ fn a_message_with_several_buckets_of_one_limit_books_each() {
 }
 
 #[test]
-fn overflow_is_an_error_and_commits_nothing() {
+fn overflow_sets_the_tuple_aside_and_the_writer_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let (mut w, _rx) = writer(dir.path(), WIDE);
     w.apply_group(&[batch(1, 1, vec![tuple("a", 1, u64::MAX, "i1")])])
         .unwrap();
-    let err = w
-        .apply_group(&[batch(2, 2, vec![tuple("a", 1, 1, "i2")])])
-        .unwrap_err();
-    assert!(matches!(err, Error::Overflow { .. }), "{err}");
-    assert_eq!(w.store.position().unwrap().1, 1);
-    // The failed group's id was not committed, so it is not a duplicate.
     let stats = w
-        .apply_group(&[batch(2, 2, vec![tuple("a", 1, 0, "i2")])])
+        .apply_group(&[batch(2, 2, vec![tuple("a", 1, 1, "i2")])])
         .unwrap();
-    assert_eq!((stats.applied, stats.duplicates_by_id), (1, 0));
+    assert_eq!((stats.applied, stats.overflowed), (0, 1));
+    assert_eq!(w.store.position().unwrap().1, 2);
+    // The set-aside tuple's id is in the window: a re-emit is a duplicate.
+    let stats = w
+        .apply_group(&[batch(
+            3,
+            3,
+            vec![tuple("a", 1, 1, "i2"), tuple("a", 1, 0, "i3")],
+        )])
+        .unwrap();
+    assert_eq!(
+        (stats.applied, stats.duplicates_by_id, stats.overflowed),
+        (1, 1, 0)
+    );
+    assert_eq!(sums(&w.store).0["a"], u64::MAX);
 }
 
 #[test]
@@ -256,4 +265,53 @@ fn a_malformed_lifetime_sum_is_an_error_and_commits_nothing() {
     assert!(matches!(err, Error::CorruptValue { .. }), "{err}");
     assert!(err.to_string().contains("the lifetime sum of a"), "{err}");
     assert_eq!(w.store.position().unwrap().1, 1, "nothing committed");
+}
+
+/// Two impressions whose costs together pass u64 micros: the second tuple
+/// is set aside (reported with its sequence), everything else applies, and
+/// the writer goes on. One group or one message per group, the decision and
+/// the sums are the same.
+#[test]
+fn a_tuple_that_would_overflow_is_set_aside_the_same_way_in_any_grouping() {
+    let half = u64::MAX / 2 + 1;
+    let messages = || {
+        vec![
+            batch(
+                1,
+                10,
+                vec![tuple("a", 3, half, "i1"), tuple("b", 3, 5, "i2")],
+            ),
+            batch(
+                2,
+                11,
+                vec![tuple("a", 3, half, "i3"), tuple("b", 3, 7, "i4")],
+            ),
+            batch(3, 12, vec![tuple("a", 3, 1, "i5"), tuple("b", 3, 1, "i6")]),
+        ]
+    };
+    let mut outcomes = Vec::new();
+    for grouping in [vec![3], vec![1, 1, 1], vec![2, 1]] {
+        let dir = tempfile::tempdir().unwrap();
+        let (writer, _rx) = writer(dir.path(), WIDE);
+        let (tx, mut set_aside) = mpsc::unbounded_channel();
+        let mut writer = writer.with_overflow_sink(tx);
+        let mut all = messages().into_iter();
+        let mut overflowed = 0;
+        for size in grouping {
+            let group: Vec<Incoming> = all.by_ref().take(size).collect();
+            overflowed += writer.apply_group(&group).unwrap().overflowed;
+        }
+        assert_eq!(overflowed, 1);
+        let tuple = set_aside.try_recv().unwrap();
+        assert_eq!((tuple.seq, tuple.limit.as_str()), (2, "a"));
+        assert_eq!((tuple.cost_micros, tuple.lifetime_micros), (half, half));
+        assert!(set_aside.try_recv().is_err());
+        assert_eq!(writer.last_applied_seq, 3);
+        outcomes.push(sums(&writer.store));
+    }
+    let (lifetime, buckets) = &outcomes[0];
+    assert_eq!(lifetime["a"], half + 1);
+    assert_eq!(lifetime["b"], 13);
+    assert_eq!(buckets[&("a".to_string(), 3)], half + 1);
+    assert!(outcomes.iter().all(|o| o == &outcomes[0]), "{outcomes:?}");
 }
