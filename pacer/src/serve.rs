@@ -350,7 +350,7 @@ mod tests {
 
     const LIMITS: HttpLimits = HttpLimits {
         request_timeout: Duration::from_millis(300),
-        idle_timeout: Duration::from_millis(900),
+        idle_timeout: Duration::from_millis(2_000),
         max_connections: 1,
     };
 
@@ -396,6 +396,20 @@ mod tests {
             "the client was still sending its head"
         );
         trickle.abort();
+    }
+
+    #[tokio::test]
+    async fn a_new_connection_that_sends_nothing_is_closed_at_the_request_deadline() {
+        let (_client, server) = tokio::io::duplex(1024);
+        let mut conn = Deadlines::with_permit(server, None, LIMITS);
+        let start = Instant::now();
+        let error = conn.read(&mut [0u8; 16]).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert!(start.elapsed() >= LIMITS.request_timeout);
+        assert!(
+            start.elapsed() < LIMITS.idle_timeout,
+            "a first request does not get the idle timeout"
+        );
     }
 
     #[tokio::test]
