@@ -62,11 +62,7 @@ async fn decisions_follow_the_limits_above_each_ad() {
         // Every limit above the ad, through the parent chain.
         let mut above: Vec<&str> = Vec::new();
         for limit in &p.catalog.ads[ad] {
-            let mut cursor = Some(limit.as_str());
-            while let Some(id) = cursor {
-                above.push(id);
-                cursor = p.catalog.limits[id].parent.as_deref();
-            }
+            above.extend(p.catalog.ancestry(limit).unwrap());
         }
         let expected = !above.iter().any(|id| exhausted.contains(id));
         assert_eq!(servable, expected, "ad {ad}: limits above {above:?}");

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use adspend_tests::harness::{NatsOptions, NatsServer};
 use adspend_tests::sim::{
-    self, BadKind, Catalog, CatalogSpec, EventTime, Impression, Period, SimConfig, Truth,
+    self, BadKind, Catalog, CatalogSpec, EventTime, Impression, LimitTruth, Period, SimConfig,
+    Truth,
 };
 use async_nats::jetstream;
-use chrono::{TimeZone, Utc};
 use chrono_tz::Tz;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -108,30 +108,22 @@ async fn read_stream(client: &async_nats::Client, catalog: &Catalog) -> StreamCo
     contents
 }
 
-/// Limit → (lifetime spend, local date → spend).
-type Spend = BTreeMap<String, (u64, BTreeMap<String, u64>)>;
-
 /// Spend per limit and local date, by the contract, from the stream.
-fn recompute(contents: &StreamContents, catalog: &Catalog) -> Spend {
-    let mut limits: Spend = catalog
+fn recompute(contents: &StreamContents, catalog: &Catalog) -> BTreeMap<String, LimitTruth> {
+    let mut limits: BTreeMap<String, LimitTruth> = catalog
         .limits
         .keys()
-        .map(|id| (id.clone(), Default::default()))
+        .map(|id| (id.clone(), LimitTruth::default()))
         .collect();
     for (event, _, _) in contents.good.values() {
         for id in &catalog.ads[&event.ad_id] {
             let limit = &catalog.limits[id];
-            let (lifetime, daily) = limits.get_mut(id).unwrap();
-            *lifetime += event.cost_micros;
+            let spend = limits.get_mut(id).unwrap();
+            spend.lifetime_micros += event.cost_micros;
             if limit.period == Period::Daily {
                 let zone: Tz = limit.time_zone.parse().unwrap();
-                let local = Utc
-                    .timestamp_millis_opt(event.ts)
-                    .unwrap()
-                    .with_timezone(&zone);
-                *daily
-                    .entry(local.format("%Y-%m-%d").to_string())
-                    .or_default() += event.cost_micros;
+                let day = sim::local_date(zone, event.ts).unwrap();
+                *spend.daily.entry(sim::day_key(day)).or_default() += event.cost_micros;
             }
         }
     }
@@ -153,12 +145,10 @@ fn assert_stream_matches_truth(contents: &StreamContents, truth: &Truth, catalog
         .collect();
     assert_eq!(contents.bad, bad_acked);
     let expected = recompute(contents, catalog);
-    let actual: Spend = truth
-        .limits
-        .iter()
-        .map(|(id, l)| (id.clone(), (l.lifetime_micros, l.daily.clone())))
-        .collect();
-    assert_eq!(actual, expected);
+    assert_eq!(sim::differences(&expected, &truth.limits), None);
+    // `differences` reads a missing limit as zeros: the truth must also
+    // list every limit of the catalog.
+    assert!(truth.limits.keys().eq(expected.keys()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
-use crate::sim::Truth;
+use crate::sim::{day_key, local_date, Truth};
 
 /// The fields of a pacer limit this crate reads (CONTRACT.md).
 #[derive(Debug, Clone, Deserialize)]
@@ -149,7 +149,7 @@ impl Comparison {
 fn period_date(limit: &PacerLimit) -> Option<String> {
     let start: DateTime<Utc> = limit.period_start.as_deref()?.parse().ok()?;
     let tz: chrono_tz::Tz = limit.time_zone.parse().ok()?;
-    Some(start.with_timezone(&tz).date_naive().to_string())
+    local_date(tz, start.timestamp_millis()).ok().map(day_key)
 }
 
 pub fn compare(truth: &Truth, pacer: &[PacerLimit]) -> Comparison {

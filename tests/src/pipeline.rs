@@ -256,11 +256,16 @@ pub async fn try_metric(port: u16, series: &str) -> anyhow::Result<f64> {
         .await?
         .text()
         .await?;
-    Ok(body
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix(series)
-                .and_then(|rest| rest.trim().parse().ok())
-        })
-        .unwrap_or(0.0))
+    Ok(metric_value(&body, series).unwrap_or(0.0))
+}
+
+/// One value of a Prometheus text exposition, by its full series text
+/// (`name` or `name{labels}`); `None` when absent. The series must be
+/// followed by a space, so `x` never reads the line of `x_max`.
+pub fn metric_value(body: &str, series: &str) -> Option<f64> {
+    body.lines().find_map(|line| {
+        line.strip_prefix(series)
+            .filter(|rest| rest.starts_with(' '))
+            .and_then(|rest| rest.trim().parse().ok())
+    })
 }

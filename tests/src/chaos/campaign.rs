@@ -38,16 +38,6 @@ struct Campaign {
     duplicate_rate: f64,
 }
 
-fn merge(into: &mut Truth, round: &Truth) {
-    for (limit, t) in &round.limits {
-        let entry = into.limits.entry(limit.clone()).or_default();
-        entry.lifetime_micros += t.lifetime_micros;
-        for (day, micros) in &t.daily {
-            *entry.daily.entry(day.clone()).or_default() += micros;
-        }
-    }
-}
-
 impl Campaign {
     fn spawn(&self, service: &str, armed: Option<String>) -> ServiceProcess {
         let port = match service {
@@ -342,7 +332,7 @@ impl Campaign {
             self.from_stream = true;
             self.report.events_unknown += stats.events_sent - stats.events_acked;
         }
-        merge(&mut self.truth, &round_truth);
+        self.truth.absorb(&round_truth);
         let truth = if self.from_stream {
             let client = self.p.client().await;
             truth_from_stream(&client, &self.p.catalog).await?

@@ -458,15 +458,9 @@ pub fn metric_sum(body: &str, name: &str) -> Option<f64> {
         .reduce(|a, b| a + b)
 }
 
-/// One value of a Prometheus text exposition, by its full series text
-/// (`name` or `name{labels}`); `None` when absent.
-pub fn metric_value(body: &str, series: &str) -> Option<f64> {
-    body.lines().find_map(|line| {
-        line.strip_prefix(series)
-            .filter(|rest| rest.starts_with(' '))
-            .and_then(|rest| rest.trim().parse().ok())
-    })
-}
+/// One value of a Prometheus text exposition, parsed as the single-machine
+/// tests parse it.
+pub use crate::pipeline::metric_value;
 
 impl Drop for Cluster {
     fn drop(&mut self) {

@@ -211,14 +211,7 @@ impl Catalog {
             }
         }
         for id in self.limits.keys() {
-            let mut seen = HashSet::new();
-            let mut cursor = Some(id);
-            while let Some(current) = cursor {
-                if !seen.insert(current) {
-                    bail!("limit {id:?} is on a parent cycle through {current:?}");
-                }
-                cursor = self.limits[current].parent.as_ref();
-            }
+            self.ancestry(id)?;
         }
         for (ad, limits) in &self.ads {
             check_id("ad", ad)?;
@@ -233,6 +226,28 @@ impl Catalog {
             }
         }
         Ok(())
+    }
+
+    /// `id` and every limit above it, nearest first: the limits whose
+    /// budgets an impression booked to `id` also counts against.
+    ///
+    /// # Errors
+    ///
+    /// If `id` or a parent is not in the catalog, or the parents form a cycle.
+    pub fn ancestry<'a>(&'a self, id: &'a str) -> anyhow::Result<Vec<&'a str>> {
+        let mut chain: Vec<&str> = Vec::new();
+        let mut cursor = Some(id);
+        while let Some(current) = cursor {
+            if chain.contains(&current) {
+                bail!("limit {id:?} is on a parent cycle through {current:?}");
+            }
+            let Some(limit) = self.limits.get(current) else {
+                bail!("limit {current:?} (above {id:?}) is not in the catalog");
+            };
+            chain.push(current);
+            cursor = limit.parent.as_deref();
+        }
+        Ok(chain)
     }
 }
 

@@ -15,7 +15,9 @@ use std::time::Duration;
 pub use catalog::{generate_catalog, Catalog, CatalogSpec, Limit, Period, MAX_ID_BYTES, ZONES};
 pub use event::{BadKind, CostDistribution, EventTime};
 pub use publish::{ensure_stream, run, run_with_progress, Progress};
-pub use truth::{Impression, LimitTruth, Recorded, Stats, Truth, TruthBuilder};
+pub use truth::{
+    day_key, differences, local_date, Impression, LimitTruth, Recorded, Stats, Truth, TruthBuilder,
+};
 
 /// The stream the limiter reads, and the subjects it covers.
 pub const STREAM: &str = "IMPRESSIONS";

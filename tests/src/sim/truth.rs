@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context as _};
-use chrono::{DateTime, Offset, TimeZone};
+use chrono::{DateTime, NaiveDate};
 use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
 
@@ -91,6 +91,36 @@ impl Truth {
     }
 }
 
+/// `None` if `actual` equals `expected` for every limit, lifetime and per
+/// local day (a limit missing from one side counts as all zeros); otherwise
+/// how many limits differ and the first few of them.
+pub fn differences(
+    expected: &BTreeMap<String, LimitTruth>,
+    actual: &BTreeMap<String, LimitTruth>,
+) -> Option<String> {
+    const SHOWN: usize = 3;
+    let empty = LimitTruth::default();
+    let differing: Vec<String> = expected
+        .keys()
+        .chain(actual.keys().filter(|id| !expected.contains_key(*id)))
+        .filter_map(|id| {
+            let want = expected.get(id).unwrap_or(&empty);
+            let got = actual.get(id).unwrap_or(&empty);
+            (want != got).then(|| {
+                format!(
+                    "{id}: expected lifetime {} daily {:?}, got lifetime {} daily {:?}",
+                    want.lifetime_micros, want.daily, got.lifetime_micros, got.daily
+                )
+            })
+        })
+        .collect();
+    if differing.is_empty() {
+        return None;
+    }
+    let shown = differing[..differing.len().min(SHOWN)].join("; ");
+    Some(format!("{} limits differ: {shown}", differing.len()))
+}
+
 /// The catalog turned into dense indices, shared by the generator and the
 /// truth so that neither hashes strings per event.
 #[derive(Debug)]
@@ -168,15 +198,15 @@ impl CatalogIndex {
 pub struct TruthBuilder {
     index: Arc<CatalogIndex>,
     lifetime: Vec<u64>,
-    /// Per limit: days since the unix epoch, in the limit's zone → spend.
-    daily: Vec<HashMap<i64, u64>>,
+    /// Per limit: local date in the limit's zone → spend.
+    daily: Vec<HashMap<NaiveDate, u64>>,
     unique: u64,
     seen_ids: HashSet<String>,
     /// Bit per simulator sequence number: one bit per event keeps the
     /// duplicate check cheap for runs of hundreds of millions of events.
     seen_seqs: Vec<u64>,
     /// Per zone of the index: the local day of the event being booked.
-    day_scratch: Vec<Option<i64>>,
+    day_scratch: Vec<Option<NaiveDate>>,
 }
 
 /// What [`TruthBuilder::record`] did with an impression.
@@ -263,7 +293,7 @@ impl TruthBuilder {
                 let day = match self.day_scratch[zone] {
                     Some(day) => day,
                     None => {
-                        let day = local_day(index.zones[zone], ts)?;
+                        let day = local_date(index.zones[zone], ts)?;
                         self.day_scratch[zone] = Some(day);
                         day
                     }
@@ -303,7 +333,7 @@ impl TruthBuilder {
             .map(|(i, id)| {
                 let daily = self.daily[i]
                     .iter()
-                    .map(|(&day, &spent)| (format_day(day), spent))
+                    .map(|(&day, &spent)| (day_key(day), spent))
                     .collect();
                 let truth = LimitTruth {
                     lifetime_micros: self.lifetime[i],
@@ -316,22 +346,17 @@ impl TruthBuilder {
     }
 }
 
-/// Days since 1970-01-01 of the local date of `ts_ms` in `zone`.
-fn local_day(zone: Tz, ts_ms: i64) -> anyhow::Result<i64> {
+/// The local date of `ts_ms` (Unix epoch milliseconds) in `zone`: the day
+/// a daily limit in that zone books an impression of that instant to.
+pub fn local_date(zone: Tz, ts_ms: i64) -> anyhow::Result<NaiveDate> {
     let utc = DateTime::from_timestamp_millis(ts_ms)
-        .ok_or_else(|| anyhow!("timestamp {ts_ms} is out of range"))?;
-    let offset = zone
-        .offset_from_utc_datetime(&utc.naive_utc())
-        .fix()
-        .local_minus_utc();
-    Ok((ts_ms.div_euclid(1000) + i64::from(offset)).div_euclid(86_400))
+        .ok_or_else(|| anyhow!("timestamp {ts_ms} ms is out of range"))?;
+    Ok(utc.with_timezone(&zone).date_naive())
 }
 
-fn format_day(day: i64) -> String {
-    DateTime::from_timestamp(day * 86_400, 0)
-        .expect("day came from a valid timestamp")
-        .format("%Y-%m-%d")
-        .to_string()
+/// `YYYY-MM-DD`: how the truth, and whatever is compared with it, keys a day.
+pub fn day_key(date: NaiveDate) -> String {
+    date.format("%Y-%m-%d").to_string()
 }
 
 #[cfg(test)]

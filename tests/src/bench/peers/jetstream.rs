@@ -18,11 +18,10 @@ use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::{
-    compare, format_day, parse_event, publish_all, start_nats, Book, Event, PeerRun, REPLY_TIMEOUT,
-    STALL_TIMEOUT,
+    parse_event, publish_all, start_nats, Book, Event, PeerRun, REPLY_TIMEOUT, STALL_TIMEOUT,
 };
 use crate::bench::workload::Workload;
-use crate::sim::{Impression, LimitTruth, Stats, TruthBuilder};
+use crate::sim::{day_key, differences, Impression, LimitTruth, Stats, TruthBuilder};
 
 /// JetStream stream of the [`jetstream_dedupe`] peer.
 const JS_STREAM: &str = "PEERJS";
@@ -146,7 +145,7 @@ pub async fn jetstream_dedupe(
         .state
         .messages;
     let actual = sums.into_limits(&book);
-    let mismatch = match compare(&expected, &actual) {
+    let mismatch = match differences(&expected, &actual) {
         None if in_stream != acks.stored => Some(format!(
             "{JS_STREAM} holds {in_stream} messages, its acks said {} were stored",
             acks.stored
@@ -243,7 +242,7 @@ impl Sums {
             .map(|(id, (lifetime_micros, daily))| {
                 let daily = daily
                     .into_iter()
-                    .map(|(day, spent)| (format_day(day), spent))
+                    .map(|(day, spent)| (day_key(day), spent))
                     .collect();
                 let sums = LimitTruth {
                     lifetime_micros,

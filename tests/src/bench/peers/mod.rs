@@ -19,7 +19,8 @@
 //!
 //! Each peer has its own file (`jetstream.rs`, `redis.rs`); what both use
 //! (the catalog as a consumer holds it, event parsing, publishing with a
-//! window of acks, the comparison with the truth) is here.
+//! window of acks) is here; the comparison with the truth is the
+//! simulator's own ([`crate::sim::differences`]).
 
 mod jetstream;
 mod redis;
@@ -28,7 +29,7 @@ pub use self::jetstream::jetstream_dedupe;
 pub use self::redis::redis_lua;
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context as _};
@@ -36,14 +37,14 @@ use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::publish::PublishAck;
 use async_nats::Subject;
-use chrono::{DateTime, NaiveDate};
+use chrono::NaiveDate;
 use chrono_tz::Tz;
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use serde::Deserialize;
 
 use crate::harness::{NatsOptions, NatsServer};
-use crate::sim::{Catalog, LimitTruth, Period};
+use crate::sim::{local_date, Catalog, Period};
 
 /// One peer's run, for the results table.
 #[derive(Debug, Clone)]
@@ -207,9 +208,7 @@ impl Book {
         let Some(zone) = self.zones[limit] else {
             return Ok(None);
         };
-        let instant = DateTime::from_timestamp_millis(ts_ms)
-            .with_context(|| format!("event time {ts_ms} ms is out of range"))?;
-        Ok(Some(instant.with_timezone(&zone).date_naive()))
+        local_date(zone, ts_ms).map(Some)
     }
 }
 
@@ -227,40 +226,6 @@ struct Event<'a> {
 fn parse_event(line: &[u8]) -> anyhow::Result<Event<'_>> {
     serde_json::from_slice(line)
         .with_context(|| format!("not an impression: {}", String::from_utf8_lossy(line)))
-}
-
-/// `YYYY-MM-DD`, the truth's and the Redis sum hashes' day format.
-fn format_day(day: NaiveDate) -> String {
-    day.format("%Y-%m-%d").to_string()
-}
-
-/// `None` if `actual` equals `expected` for every limit; otherwise how many
-/// limits differ and the first few of them.
-fn compare(
-    expected: &BTreeMap<String, LimitTruth>,
-    actual: &BTreeMap<String, LimitTruth>,
-) -> Option<String> {
-    const SHOWN: usize = 3;
-    let empty = LimitTruth::default();
-    let differing: Vec<String> = expected
-        .keys()
-        .chain(actual.keys().filter(|id| !expected.contains_key(*id)))
-        .filter_map(|id| {
-            let want = expected.get(id).unwrap_or(&empty);
-            let got = actual.get(id).unwrap_or(&empty);
-            (want != got).then(|| {
-                format!(
-                    "{id}: expected lifetime {} daily {:?}, got lifetime {} daily {:?}",
-                    want.lifetime_micros, want.daily, got.lifetime_micros, got.daily
-                )
-            })
-        })
-        .collect();
-    if differing.is_empty() {
-        return None;
-    }
-    let shown = differing[..differing.len().min(SHOWN)].join("; ");
-    Some(format!("{} limits differ: {shown}", differing.len()))
 }
 
 #[cfg(test)]
@@ -294,37 +259,6 @@ mod tests {
             "{} (durable: {}): {}",
             run.name, run.durable, run.detail
         );
-    }
-
-    #[test]
-    fn compare_names_the_limits_that_differ() {
-        let mut expected = BTreeMap::new();
-        expected.insert(
-            "campaign-1".to_owned(),
-            LimitTruth {
-                lifetime_micros: 5,
-                daily: BTreeMap::from([("2026-01-01".to_owned(), 5)]),
-            },
-        );
-        expected.insert("adset-1".to_owned(), LimitTruth::default());
-        let mut actual = expected.clone();
-        assert_eq!(compare(&expected, &actual), None);
-
-        actual.get_mut("campaign-1").unwrap().daily.clear();
-        actual.insert(
-            "ghost".to_owned(),
-            LimitTruth {
-                lifetime_micros: 1,
-                daily: BTreeMap::new(),
-            },
-        );
-        let mismatch = compare(&expected, &actual).unwrap();
-        assert!(mismatch.starts_with("2 limits differ"), "{mismatch}");
-        assert!(
-            mismatch.contains("campaign-1") && mismatch.contains("ghost"),
-            "{mismatch}"
-        );
-        assert!(!mismatch.contains("adset-1"), "{mismatch}");
     }
 
     /// Throughput of both peers, durable and not, on a workload big enough

@@ -17,13 +17,10 @@ use redis::aio::MultiplexedConnection;
 use redis::AsyncConnectionConfig;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::{
-    compare, format_day, parse_event, publish_all, start_nats, Book, PeerRun, REPLY_TIMEOUT,
-    STALL_TIMEOUT,
-};
+use super::{parse_event, publish_all, start_nats, Book, PeerRun, REPLY_TIMEOUT, STALL_TIMEOUT};
 use crate::bench::workload::Workload;
 use crate::harness::RedisServer;
-use crate::sim::LimitTruth;
+use crate::sim::{day_key, differences, LimitTruth};
 
 /// JetStream stream of the [`redis_lua`] peer.
 const REDIS_STREAM: &str = "PEERREDIS";
@@ -139,7 +136,7 @@ pub async fn redis_lua(workload: &Workload, durable: bool) -> anyhow::Result<Pee
 
     let actual = read_sums(&mut redis, &book).await?;
     let stats = redis_stats(&mut redis).await?;
-    let mismatch = compare(&workload.truth.limits, &actual);
+    let mismatch = differences(&workload.truth.limits, &actual);
     let mut detail = format!(
         "{} messages, {} impressions booked ({} (limit, impression) ids); {stats}",
         workload.messages.len(),
@@ -347,7 +344,7 @@ fn script_call(book: &Book, sha: &str, payload: &[u8]) -> anyhow::Result<redis::
             call.arg(&MsgId::derive(&book.limit_ids[limit], &event.id).0[..])
                 .arg(&book.sum_keys[limit]);
             match book.day_of(limit, event.ts)? {
-                Some(day) => call.arg(format_day(day)),
+                Some(day) => call.arg(day_key(day)),
                 None => call.arg(""),
             };
         }

@@ -25,14 +25,12 @@ fn assert_catalog_structure(catalog: &Catalog, spec: &CatalogSpec) {
             .time_zone
             .parse::<Tz>()
             .unwrap_or_else(|_| panic!("{id}: bad zone {:?}", limit.time_zone));
-        // Parents exist and chains end at an account within three steps,
-        // which also rules out cycles.
-        let mut chain = vec![id.as_str()];
-        while let Some(parent) = &catalog.limits[*chain.last().unwrap()].parent {
-            assert!(catalog.limits.contains_key(parent), "{id}: parent {parent}");
-            chain.push(parent);
-            assert!(chain.len() <= 3, "{id}: parent chain {chain:?}");
-        }
+        // Parents exist, without cycles, and chains end at an account
+        // within three steps.
+        let chain = catalog
+            .ancestry(id)
+            .unwrap_or_else(|e| panic!("{id}: {e:#}"));
+        assert!(chain.len() <= 3, "{id}: parent chain {chain:?}");
         assert!(chain.last().unwrap().starts_with("account-"), "{chain:?}");
     }
     for (ad, limits) in &catalog.ads {
@@ -205,4 +203,34 @@ fn validate_rejects_broken_catalogs() {
         breaks(&mut catalog);
         assert!(catalog.validate().is_err(), "{what} accepted");
     }
+}
+
+#[test]
+fn ancestry_walks_to_the_root_and_refuses_cycles_and_strangers() {
+    let mut catalog = Catalog::default();
+    catalog
+        .limits
+        .insert("account".into(), limit(1, Period::Daily, "UTC", None));
+    catalog.limits.insert(
+        "campaign".into(),
+        limit(1, Period::Daily, "UTC", Some("account")),
+    );
+    catalog.limits.insert(
+        "adset".into(),
+        limit(1, Period::Lifetime, "UTC", Some("campaign")),
+    );
+    assert_eq!(
+        catalog.ancestry("adset").unwrap(),
+        ["adset", "campaign", "account"]
+    );
+    assert_eq!(catalog.ancestry("account").unwrap(), ["account"]);
+    assert!(catalog.ancestry("nobody").is_err());
+
+    catalog.limits.get_mut("campaign").unwrap().parent = Some("gone".into());
+    let error = catalog.ancestry("adset").unwrap_err().to_string();
+    assert!(error.contains("\"gone\""), "{error}");
+
+    catalog.limits.get_mut("campaign").unwrap().parent = Some("adset".into());
+    let error = catalog.ancestry("adset").unwrap_err().to_string();
+    assert!(error.contains("cycle"), "{error}");
 }

@@ -146,3 +146,60 @@ fn truth_overflow_is_an_error_and_books_nothing() {
     assert_eq!(truth.limits["ny"].lifetime_micros, u64::MAX - 1);
     assert_eq!(truth.stats.unique_events, 1);
 }
+
+#[test]
+fn differences_name_the_limits_that_differ() {
+    let mut expected = BTreeMap::new();
+    expected.insert(
+        "campaign-1".to_owned(),
+        LimitTruth {
+            lifetime_micros: 5,
+            daily: BTreeMap::from([("2026-01-01".to_owned(), 5)]),
+        },
+    );
+    expected.insert("adset-1".to_owned(), LimitTruth::default());
+    let mut actual = expected.clone();
+    assert_eq!(differences(&expected, &actual), None);
+    // Missing on one side is the same as all zeros.
+    actual.remove("adset-1");
+    assert_eq!(differences(&expected, &actual), None);
+
+    actual.get_mut("campaign-1").unwrap().daily.clear();
+    actual.insert(
+        "ghost".to_owned(),
+        LimitTruth {
+            lifetime_micros: 1,
+            daily: BTreeMap::new(),
+        },
+    );
+    let mismatch = differences(&expected, &actual).unwrap();
+    assert!(mismatch.starts_with("2 limits differ"), "{mismatch}");
+    assert!(
+        mismatch.contains("campaign-1") && mismatch.contains("ghost"),
+        "{mismatch}"
+    );
+    assert!(!mismatch.contains("adset-1"), "{mismatch}");
+}
+
+#[test]
+fn local_dates_follow_each_zone_across_midnight_and_dst() {
+    let date = |zone: &str, rfc3339: &str| {
+        day_key(local_date(zone.parse().unwrap(), at(rfc3339)).unwrap())
+    };
+    // The New York day of the spring-forward night runs 05:00Z..04:00Z.
+    assert_eq!(
+        date("America/New_York", "2026-03-08T04:59:59.999Z"),
+        "2026-03-07"
+    );
+    assert_eq!(
+        date("America/New_York", "2026-03-08T05:00:00Z"),
+        "2026-03-08"
+    );
+    assert_eq!(
+        date("America/New_York", "2026-03-09T03:59:59Z"),
+        "2026-03-08"
+    );
+    assert_eq!(date("Asia/Kathmandu", "2026-01-14T18:15:00Z"), "2026-01-15");
+    assert_eq!(date("UTC", "1969-12-31T23:59:59.999Z"), "1969-12-31");
+    assert!(local_date(chrono_tz::UTC, i64::MAX).is_err());
+}
