@@ -1,9 +1,12 @@
 //! The pacer binary's API settings on a running pipeline: bearer tokens per
 //! scope, the separate operations listener, and a shard whose aggregator
 //! stops pushing (frozen with SIGSTOP) turning its limits stale and their
-//! ads unservable until it pushes again.
+//! ads unservable until it pushes again; the dashboard (headless Chromium)
+//! asks for the read token and, given it, marks the stale limits.
 
-use std::time::Duration;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use adspend_tests::harness::{free_port, wait_until, wait_until_ok};
 use anyhow::{bail, Context};
@@ -171,6 +174,35 @@ async fn tokens_ops_listener_and_a_silent_shard_going_stale() {
             .is_some_and(|s| !s.is_empty() && s.iter().all(|s| s["stale"] == true)),
         "{shards}"
     );
+    let page = dashboard_dom(&format!("{url}/#token={READ}")).await;
+    let rows = rendered_rows(&page);
+    assert_eq!(
+        rows.matches("<tr data-limit=").count(),
+        p.catalog.limits.len(),
+        "one row per limit:\n{rows}"
+    );
+    assert_eq!(
+        rows.matches("data-stale=\"true\"").count(),
+        p.catalog.limits.len(),
+        "every row marked stale:\n{rows}"
+    );
+    assert_eq!(
+        rows.matches(">STALE</span>").count(),
+        p.catalog.limits.len(),
+        "a STALE badge on every row:\n{rows}"
+    );
+    assert!(!body_classes(&page).contains("needs-token"));
+    let locked = dashboard_dom(&format!("{url}/")).await;
+    assert!(
+        body_classes(&locked).contains("needs-token"),
+        "without a token the page asks for one: <body class=\"{}\">",
+        body_classes(&locked)
+    );
+    assert!(
+        !rendered_rows(&locked).contains("<tr data-limit="),
+        "without a token no limit is shown"
+    );
+
     wait_until(
         Duration::from_secs(10),
         Duration::from_millis(200),
@@ -196,4 +228,64 @@ async fn tokens_ops_listener_and_a_silent_shard_going_stale() {
         .await
         .unwrap();
     assert_eq!(again["decisions"][0]["stale"], Value::Null, "{again}");
+}
+
+/// The rendered table body (the page's script holds row templates too).
+fn rendered_rows(dom: &str) -> &str {
+    let start = dom.find("<tbody id=\"rows\"").expect("the rows' tbody");
+    let end = start + dom[start..].find("</tbody>").expect("</tbody>");
+    &dom[start..end]
+}
+
+/// The class attribute of the rendered `<body>` tag.
+fn body_classes(dom: &str) -> &str {
+    let tag = &dom[dom.find("<body").expect("<body")..];
+    let tag = &tag[..tag.find('>').expect("end of <body>")];
+    tag.split_once("class=\"")
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map_or("", |(classes, _)| classes)
+}
+
+/// The dashboard's DOM after a few seconds of its own polling, rendered by
+/// headless Chromium (as `dashboard::chromium` does for the dashboard test).
+async fn dashboard_dom(url: &str) -> String {
+    let url = url.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("dom.html");
+        let mut child = Command::new("chromium")
+            .args([
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-extensions",
+                "--virtual-time-budget=3000",
+                "--dump-dom",
+            ])
+            .arg(format!(
+                "--user-data-dir={}",
+                dir.path().join("profile").display()
+            ))
+            .arg(&url)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).expect("output file"))
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("chromium (scripts/install-deps.sh test installs it)");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while child.try_wait().expect("wait").is_none() {
+            if Instant::now() > deadline {
+                let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+                let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+                let _ = child.wait();
+                panic!("chromium did not render {url} within 120 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::fs::read_to_string(&out).expect("chromium output")
+    })
+    .await
+    .expect("chromium runner")
 }
