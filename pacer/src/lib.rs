@@ -56,9 +56,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         shutdown.clone(),
     ));
     let tick_task = tokio::spawn(ticker(spend.clone(), catalog.clone(), shutdown.clone()));
-    let scope = |scope| match settings.auth.required(scope) {
-        true => "token",
-        false => "open",
+    let scope = |scope| {
+        if settings.auth.required(scope) {
+            "token"
+        } else {
+            "open"
+        }
     };
     tracing::info!(
         addr = %addr,
