@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use chrono::{DateTime, Datelike, LocalResult, NaiveDate, TimeZone, Utc};
+use chrono::{DateTime, Datelike, LocalResult, NaiveDate, NaiveDateTime, TimeZone, Utc};
 use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
 
@@ -98,8 +98,10 @@ impl Limit {
 
 const EPOCH_DAY: NaiveDate = NaiveDate::from_ymd_opt(1970, 1, 1).expect("valid date");
 
-/// Local calendar date of `ts_ms` in `tz`, as days since 1970-01-01. Events
-/// before 1970 are rejected by the limiter, so the result fits a `u32`.
+/// Local calendar date of `ts_ms` in `tz`, as days since 1970-01-01. The
+/// limiter rejects events before 1970 (UTC), but west of Greenwich the first
+/// hours after the epoch are still 1969-12-31 locally: buckets are unsigned,
+/// so those events are booked to 1970-01-01 (day 0).
 pub fn local_day(tz: Tz, ts_ms: i64) -> u32 {
     let utc = DateTime::<Utc>::from_timestamp_millis(ts_ms).unwrap_or_default();
     let date = utc.with_timezone(&tz).date_naive();
@@ -115,21 +117,51 @@ pub fn bucket_date(bucket: u32) -> Option<NaiveDate> {
     EPOCH_DAY.checked_add_days(chrono::Days::new(u64::from(bucket)))
 }
 
+/// The first instant whose local time in `tz` is `local`, if any is.
+fn first_instant(tz: Tz, local: NaiveDateTime) -> Option<DateTime<Utc>> {
+    match tz.from_local_datetime(&local) {
+        LocalResult::Single(t) => Some(t.with_timezone(&Utc)),
+        LocalResult::Ambiguous(earliest, _) => Some(earliest.with_timezone(&Utc)),
+        LocalResult::None => None,
+    }
+}
+
 /// First instant of local day `bucket` in `tz`. Where midnight does not exist
-/// (a DST jump at midnight), the day starts at the first instant that does.
+/// (a DST jump at midnight), the day starts at the first instant that does;
+/// a day the zone skipped altogether (Pacific/Apia, 2011-12-30) starts where
+/// the next one does, and so has no instant.
 pub fn day_start(tz: Tz, bucket: u32) -> DateTime<Utc> {
     let date = bucket_date(bucket).unwrap_or(EPOCH_DAY);
-    let mut local = date
+    let midnight = date
         .and_hms_opt(0, 0, 0)
         .expect("midnight exists as a naive time");
-    for _ in 0..4 * 24 {
-        match tz.from_local_datetime(&local) {
-            LocalResult::Single(t) => return t.with_timezone(&Utc),
-            LocalResult::Ambiguous(earliest, _) => return earliest.with_timezone(&Utc),
-            LocalResult::None => local += chrono::Duration::minutes(15),
-        }
+    if let Some(t) = first_instant(tz, midnight) {
+        return t;
     }
-    Utc.from_utc_datetime(&date.and_hms_opt(0, 0, 0).expect("midnight"))
+    // Step over the gap a quarter hour at a time (up to two days: a
+    // skipped day is 24 hours of gap), then narrow the last step to the
+    // second: not every jump is a whole quarter hour (Africa/Monrovia,
+    // 1972-01-07, jumped 44 min 30 s).
+    let step = chrono::Duration::minutes(15);
+    let mut missing = midnight;
+    for _ in 0..4 * 48 {
+        let next = missing + step;
+        if first_instant(tz, next).is_some() {
+            let mut exists = next;
+            // Whole seconds: offsets change on a whole second.
+            while (exists - missing).num_seconds() > 1 {
+                let mid = missing + chrono::Duration::seconds((exists - missing).num_seconds() / 2);
+                if first_instant(tz, mid).is_some() {
+                    exists = mid;
+                } else {
+                    missing = mid;
+                }
+            }
+            return first_instant(tz, exists).expect("checked above");
+        }
+        missing = next;
+    }
+    Utc.from_utc_datetime(&midnight)
 }
 
 /// A validated catalog.
@@ -371,6 +403,61 @@ mod tests {
                 .rem_euclid(3_600_000),
             15 * 60_000
         );
+    }
+
+    /// Found by fuzzing (fuzz target catalog_parse): on a day a zone skipped
+    /// altogether, the previous day's end fell back to UTC midnight, so
+    /// events still in that day (local time) were outside its bounds. Also
+    /// a jump at midnight that is not a whole quarter hour started the day
+    /// late.
+    #[test]
+    fn skipped_days_and_odd_jumps_at_midnight() {
+        let apia = chrono_tz::Pacific::Apia;
+        let utc = |s: &str| s.parse::<DateTime<Utc>>().unwrap();
+        // 2011-12-29 19:00 in Apia (-10:00); the zone then went to +14:00
+        // and 2011-12-30 never happened there.
+        let now = utc("2011-12-30T05:00:00Z");
+        let limit = Limit {
+            id: Arc::from("l"),
+            budget_micros: 1,
+            period: Period::Daily,
+            time_zone: apia,
+            parent: None,
+        };
+        let bounds = limit.period_at(now);
+        assert_eq!(
+            bucket_date(bounds.bucket).unwrap().to_string(),
+            "2011-12-29"
+        );
+        assert_eq!(bounds.start.unwrap(), utc("2011-12-29T10:00:00Z"));
+        assert_eq!(bounds.end.unwrap(), utc("2011-12-30T10:00:00Z"));
+        assert!(bounds.start.unwrap() <= now && now < bounds.end.unwrap());
+        // The skipped day starts and ends where 2011-12-31 starts.
+        let skipped = bounds.bucket + 1;
+        assert_eq!(day_start(apia, skipped), day_start(apia, skipped + 1));
+        assert_eq!(
+            local_day(apia, bounds.end.unwrap().timestamp_millis()),
+            skipped + 1
+        );
+
+        // Africa/Monrovia went from -0:44:30 to +0:00 at midnight on
+        // 1972-01-07: that day began at 00:44:30.
+        let monrovia = chrono_tz::Africa::Monrovia;
+        let jan7 = local_day(monrovia, utc("1972-01-07T12:00:00Z").timestamp_millis());
+        assert_eq!(day_start(monrovia, jan7), utc("1972-01-07T00:44:30Z"));
+        let last_of_jan6 = utc("1972-01-07T00:44:29.999Z").timestamp_millis();
+        assert_eq!(local_day(monrovia, last_of_jan6), jan7 - 1);
+    }
+
+    /// Found by fuzzing (fuzz target catalog_parse): the doc said a local
+    /// date could not precede 1970; it can, and is booked to day 0.
+    #[test]
+    fn local_dates_before_1970_are_day_0() {
+        let sao_paulo = chrono_tz::America::Sao_Paulo;
+        assert_eq!(local_day(sao_paulo, 17), 0);
+        assert_eq!(local_day(sao_paulo, 3 * 3_600_000 - 1), 0);
+        assert_eq!(local_day(sao_paulo, 27 * 3_600_000), 1);
+        assert_eq!(local_day(Tz::UTC, 0), 0);
     }
 
     /// (limits as (id, budget, daily?, parent pick), ads as limit picks).

@@ -6,7 +6,8 @@
 //! and every parent exists, parent chains end, `limits_above_ad` ends and
 //! covers the ad's own limits. Written back as JSON it parses to the same
 //! catalog. For every daily limit, the day of an instant taken from the
-//! input contains that instant, and a day chosen by the input starts and
+//! input contains that instant (or is day 0 if the instant's local date is
+//! before 1970), and a day chosen by the input starts and
 //! ends where its neighbours do (the day's first and last instant are in
 //! it, the next day's first is not).
 #![no_main]
@@ -15,7 +16,7 @@ use std::sync::Arc;
 
 use adspend_common::catalog::{day_start, local_day, Catalog, Limit, Period};
 use adspend_common::types::{LIFETIME_BUCKET, MAX_ID_LEN};
-use chrono::DateTime;
+use chrono::{DateTime, NaiveDate};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Map, Value};
 
@@ -42,7 +43,10 @@ fn to_json(catalog: &Catalog) -> Value {
     }
     let mut ads = Map::new();
     for (ad, ls) in &catalog.ads {
-        ads.insert(ad.to_string(), json!(ls.iter().map(|l| &*l.id).collect::<Vec<_>>()));
+        ads.insert(
+            ad.to_string(),
+            json!(ls.iter().map(|l| &*l.id).collect::<Vec<_>>()),
+        );
     }
     json!({"limits": limits, "ads": ads})
 }
@@ -52,9 +56,9 @@ fn to_json(catalog: &Catalog) -> Value {
 /// fields, so the fuzzer can steer them), else a hash of the input.
 fn seeds(data: &[u8]) -> (i64, u32) {
     let doc: Value = serde_json::from_slice(data).unwrap_or(Value::Null);
-    let hash = data
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3));
+    let hash = data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    });
     let ts = doc.get("ts").and_then(Value::as_i64).unwrap_or(hash as i64);
     let day = doc.get("day").and_then(Value::as_u64).unwrap_or(hash >> 40);
     (ts.rem_euclid(MAX_TS_MS + 1), (day % 80_000) as u32)
@@ -71,6 +75,12 @@ fn check_periods(limit: &Limit, ts: i64, day: u32) {
     let bounds = limit.period_at(now);
     assert_eq!(bounds.bucket, bucket, "period_at and bucket_of disagree");
     let (start, end) = (bounds.start.expect("daily"), bounds.end.expect("daily"));
+    if now.with_timezone(&tz).date_naive() < NaiveDate::from_ymd_opt(1970, 1, 1).expect("date") {
+        // West of Greenwich the first hours after the epoch are 1969
+        // locally; buckets are unsigned, so they are day 0 (catalog.rs).
+        assert_eq!(bucket, 0, "a local date before 1970 is day 0");
+        return;
+    }
     assert!(
         start <= now && now < end,
         "{} in {}: local day {bucket} is [{start}, {end})",
@@ -79,12 +89,26 @@ fn check_periods(limit: &Limit, ts: i64, day: u32) {
     );
     let start = day_start(tz, day);
     let end = day_start(tz, day + 1);
-    assert!(start <= end, "day {day} in {} ends before it starts", tz.name());
+    assert!(
+        start <= end,
+        "day {day} in {} ends before it starts",
+        tz.name()
+    );
     if start < end {
         let first = start.timestamp_millis();
         let last = end.timestamp_millis() - 1;
-        assert_eq!(local_day(tz, first), day, "{}: first instant {start} of day {day}", tz.name());
-        assert_eq!(local_day(tz, last), day, "{}: last instant before {end} of day {day}", tz.name());
+        assert_eq!(
+            local_day(tz, first),
+            day,
+            "{}: first instant {start} of day {day}",
+            tz.name()
+        );
+        assert_eq!(
+            local_day(tz, last),
+            day,
+            "{}: last instant before {end} of day {day}",
+            tz.name()
+        );
         assert_ne!(
             local_day(tz, end.timestamp_millis()),
             day,
@@ -95,18 +119,26 @@ fn check_periods(limit: &Limit, ts: i64, day: u32) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(catalog) = Catalog::parse("fuzz", data) else { return };
+    let Ok(catalog) = Catalog::parse("fuzz", data) else {
+        return;
+    };
     for (id, limit) in &catalog.limits {
         assert!(id_ok(id), "limit id of {} bytes", id.len());
         assert_eq!(id, &limit.id);
         if let Some(parent) = &limit.parent {
-            assert!(catalog.limit(parent).is_some(), "parent {parent:?} of {id:?} missing");
+            assert!(
+                catalog.limit(parent).is_some(),
+                "parent {parent:?} of {id:?} missing"
+            );
         }
         let mut cursor = limit.parent.clone();
         let mut steps = 0;
         while let Some(p) = cursor {
             steps += 1;
-            assert!(steps <= catalog.limits.len(), "parent chain of {id:?} does not end");
+            assert!(
+                steps <= catalog.limits.len(),
+                "parent chain of {id:?} does not end"
+            );
             cursor = catalog.limits[&p].parent.clone();
         }
     }
@@ -119,7 +151,11 @@ fuzz_target!(|data: &[u8]| {
                 "ad {ad:?} lists {:?}, not the catalog's",
                 l.id
             );
-            assert!(limits[..i].iter().all(|o| o.id != l.id), "ad {ad:?} lists {:?} twice", l.id);
+            assert!(
+                limits[..i].iter().all(|o| o.id != l.id),
+                "ad {ad:?} lists {:?} twice",
+                l.id
+            );
         }
         let above = catalog.limits_above_ad(ad).expect("known ad");
         assert!(above.len() <= catalog.limits.len());

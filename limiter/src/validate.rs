@@ -77,7 +77,11 @@ struct Raw<'a> {
 
 /// Parse and check one line; the catalog lookup is the caller's.
 pub fn parse_line(line: &[u8]) -> Result<Impression<'_>, Rejection> {
-    let raw: Raw<'_> = serde_json::from_slice(line).map_err(|e| {
+    // JSON is UTF-8, but serde_json checks only the strings it keeps: bytes
+    // that are not UTF-8 in an ignored field's string would pass unseen.
+    let line = std::str::from_utf8(line)
+        .map_err(|e| reject(Reason::InvalidJson, format!("not UTF-8: {e}")))?;
+    let raw: Raw<'_> = serde_json::from_str(line).map_err(|e| {
         let reason = if e.is_data() {
             Reason::InvalidField
         } else {
@@ -228,6 +232,32 @@ mod tests {
             reason(r#"{"id":"a","ad_id":"a","cost_micros":1,"ts":1.5}"#),
             Reason::InvalidTs
         );
+    }
+
+    /// Found by fuzzing (fuzz target limiter_line): a line whose unknown
+    /// field held bytes that are not UTF-8 was accepted, though it is not
+    /// JSON.
+    #[test]
+    fn bytes_that_are_not_utf8_are_invalid_json() {
+        let mut line = br#"{"id":"i-1","ad_id":"ad-1","cost_micros":1,"ts":1,"z":"w"#.to_vec();
+        line.extend_from_slice(b"\xff\xfe\"}");
+        let rejection = parse_line(&line).unwrap_err();
+        assert_eq!(rejection.reason, Reason::InvalidJson);
+        assert!(
+            rejection.detail.contains("not UTF-8"),
+            "{}",
+            rejection.detail
+        );
+        // In a kept field serde_json saw it already; same reason either way.
+        let mut id = br#"{"id":"i-"#.to_vec();
+        id.extend_from_slice(b"\xc3\",\"ad_id\":\"ad-1\",\"cost_micros\":1,\"ts\":1}");
+        assert_eq!(parse_line(&id).unwrap_err().reason, Reason::InvalidJson);
+        // UTF-8 beyond ASCII is fine, in kept and ignored fields alike.
+        let ok = parse_line(
+            "{\"id\":\"é😀\",\"ad_id\":\"ad-1\",\"cost_micros\":1,\"ts\":1,\"z\":\"ü\"}".as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(ok.id, "é😀");
     }
 
     proptest! {
