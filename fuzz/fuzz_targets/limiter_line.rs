@@ -27,11 +27,8 @@ const MAX_COST: u64 = 5_000_000;
 fn catalog() -> &'static Catalog {
     static CATALOG: OnceLock<Catalog> = OnceLock::new();
     CATALOG.get_or_init(|| {
-        Catalog::parse(
-            "fuzz",
-            include_bytes!("../../deploy/catalog.example.json"),
-        )
-        .expect("the example catalog parses")
+        Catalog::parse("fuzz", include_bytes!("../../deploy/catalog.example.json"))
+            .expect("the example catalog parses")
     })
 }
 
@@ -39,7 +36,12 @@ type Summary = Result<(String, String, u64, i64), (&'static str, String)>;
 
 fn summary(parsed: &Result<Impression<'_>, Rejection>) -> Summary {
     match parsed {
-        Ok(i) => Ok((i.id.to_string(), i.ad_id.to_string(), i.cost_micros, i.ts_ms)),
+        Ok(i) => Ok((
+            i.id.to_string(),
+            i.ad_id.to_string(),
+            i.cost_micros,
+            i.ts_ms,
+        )),
         Err(r) => Err((r.reason.as_str(), r.detail.clone())),
     }
 }
@@ -54,7 +56,10 @@ fn contract_reading(v: &Value) -> Option<(&str, &str, u64, i64)> {
     let id = o.get("id")?.as_str().filter(|s| id_ok(s))?;
     let ad = o.get("ad_id")?.as_str().filter(|s| id_ok(s))?;
     let cost = o.get("cost_micros")?.as_u64()?;
-    let ts = o.get("ts")?.as_i64().filter(|t| (0..=MAX_TS_MS).contains(t))?;
+    let ts = o
+        .get("ts")?
+        .as_i64()
+        .filter(|t| (0..=MAX_TS_MS).contains(t))?;
     Some((id, ad, cost, ts))
 }
 
@@ -67,7 +72,11 @@ fn check_line(line: &[u8]) -> usize {
         Ok(i) => {
             assert!(id_ok(&i.id), "accepted id of {} bytes", i.id.len());
             assert!(id_ok(&i.ad_id), "accepted ad_id of {} bytes", i.ad_id.len());
-            assert!((0..=MAX_TS_MS).contains(&i.ts_ms), "accepted ts {}", i.ts_ms);
+            assert!(
+                (0..=MAX_TS_MS).contains(&i.ts_ms),
+                "accepted ts {}",
+                i.ts_ms
+            );
             let value = value.expect("an accepted line is JSON");
             assert_eq!(
                 contract_reading(&value),
@@ -136,7 +145,12 @@ fuzz_target!(|data: &[u8]| {
             assert!(tuple.cost_micros <= MAX_COST, "tuple above the ceiling");
             let limit = partition.limit_of(tuple);
             assert!(catalog().limit(limit).is_some(), "tuple for unknown limit");
-            expected.push((limit.to_string(), tuple.bucket, tuple.cost_micros, tuple.msg_id));
+            expected.push((
+                limit.to_string(),
+                tuple.bucket,
+                tuple.cost_micros,
+                tuple.msg_id,
+            ));
         }
         let mut decoded = Vec::new();
         for message in partition.encode(3, 1) {
@@ -144,7 +158,12 @@ fuzz_target!(|data: &[u8]| {
                 SpendMessage::Batch(batch) => {
                     assert!(batch.tuples.len() <= 3);
                     for t in &batch.tuples {
-                        decoded.push((batch.limit_of(t).to_string(), t.bucket, t.cost_micros, t.msg_id));
+                        decoded.push((
+                            batch.limit_of(t).to_string(),
+                            t.bucket,
+                            t.cost_micros,
+                            t.msg_id,
+                        ));
                     }
                 }
                 SpendMessage::Marker(_) => panic!("a batch encoded as a marker"),

@@ -16,8 +16,8 @@
 use std::collections::HashMap;
 
 use adspend_common::codec::{decode_sums, encode_sums};
-use adspend_pacer::ingest::decode_push;
 use adspend_common::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET, MAX_ID_LEN};
+use adspend_pacer::ingest::decode_push;
 use adspend_pacer::state::SpendState;
 use arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
@@ -27,17 +27,26 @@ const NOW_MS: i64 = 1_767_225_600_000; // 2026-01-01
 /// What a push must satisfy to be folded in (the contract's ids; stamps an
 /// aggregator can send).
 fn acceptable(update: &SumsUpdate) -> bool {
-    update.entries.iter().all(|e| (1..=MAX_ID_LEN).contains(&e.limit.len()))
+    update
+        .entries
+        .iter()
+        .all(|e| (1..=MAX_ID_LEN).contains(&e.limit.len()))
         && update.watermark_ms >= 0
         && update.source_ms >= 0
         && update.push_seq < u64::MAX
 }
 
 fn check_decoded(update: &SumsUpdate, input: &[u8]) {
-    assert!(acceptable(update), "accepted a push no aggregator sends: {update:?}");
+    assert!(
+        acceptable(update),
+        "accepted a push no aggregator sends: {update:?}"
+    );
     let bytes = encode_sums(update);
     assert!(bytes.len() <= input.len(), "re-encoding grew the push");
-    assert_eq!(decode_sums(&bytes).expect("re-encoded push decodes"), *update);
+    assert_eq!(
+        decode_sums(&bytes).expect("re-encoded push decodes"),
+        *update
+    );
 }
 
 fn lifetimes(state: &SpendState) -> HashMap<String, (u64, Vec<(u32, u64)>)> {
@@ -120,7 +129,9 @@ fuzz_target!(|data: &[u8]| {
     let mut state = SpendState::default();
     let mut now = NOW_MS;
     while !u.is_empty() {
-        let Ok(update) = arb_update(&mut u) else { break };
+        let Ok(update) = arb_update(&mut u) else {
+            break;
+        };
         let bytes = encode_sums(&update);
         let received = match decode_push(&bytes) {
             Ok(received) => received,
@@ -142,7 +153,10 @@ fuzz_target!(|data: &[u8]| {
         let after = lifetimes(&state);
         for (limit, (lifetime, buckets)) in &before {
             let (lifetime_now, buckets_now) = &after[limit];
-            assert!(lifetime_now >= lifetime, "lifetime spend of {limit} went backwards");
+            assert!(
+                lifetime_now >= lifetime,
+                "lifetime spend of {limit} went backwards"
+            );
             for (bucket, micros) in buckets {
                 if let Some((_, m)) = buckets_now.iter().find(|(b, _)| b == bucket) {
                     assert!(m >= micros, "bucket {bucket} of {limit} went backwards");
@@ -152,9 +166,16 @@ fuzz_target!(|data: &[u8]| {
         for (shard, (epoch, watermark)) in &shards_before {
             let s = &state.shards[shard.as_str()];
             assert!(s.epoch >= *epoch, "epoch of {shard} went backwards");
-            assert!(s.watermark_ms >= *watermark, "watermark of {shard} went backwards");
+            assert!(
+                s.watermark_ms >= *watermark,
+                "watermark of {shard} went backwards"
+            );
         }
         state.apply(&received, now);
-        assert_eq!(lifetimes(&state), after, "applying a push twice changed a sum");
+        assert_eq!(
+            lifetimes(&state),
+            after,
+            "applying a push twice changed a sum"
+        );
     }
 });

@@ -74,7 +74,10 @@ fn arb_message(u: &mut Unstructured<'_>) -> Result<SpendMessage> {
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(message) = decode_spend(data) {
-        assert!(valid(&message), "decoded a message the contract forbids: {message:?}");
+        assert!(
+            valid(&message),
+            "decoded a message the contract forbids: {message:?}"
+        );
         if let SpendMessage::Batch(batch) = &message {
             for tuple in &batch.tuples {
                 let _ = batch.limit_of(tuple);
@@ -82,7 +85,10 @@ fuzz_target!(|data: &[u8]| {
         }
         let bytes = encode_spend(&message);
         assert!(bytes.len() <= data.len(), "re-encoding grew the message");
-        assert_eq!(decode_spend(&bytes).expect("re-encoded message decodes"), message);
+        assert_eq!(
+            decode_spend(&bytes).expect("re-encoded message decodes"),
+            message
+        );
     }
 
     let mut u = Unstructured::new(data);
@@ -106,14 +112,20 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(bytes, borrowed, "owned and borrowed encoders disagree");
         match decode_spend(&bytes) {
             Ok(decoded) => {
-                assert!(valid(&message), "accepted a message the contract forbids: {message:?}");
+                assert!(
+                    valid(&message),
+                    "accepted a message the contract forbids: {message:?}"
+                );
                 assert_eq!(decoded, message);
             }
             Err(e) => assert!(!valid(&message), "refused a valid message {message:?}: {e}"),
         }
         for cut in [0, 1, bytes.len() / 2, bytes.len().saturating_sub(1)] {
             if cut < bytes.len() {
-                assert!(decode_spend(&bytes[..cut]).is_err(), "truncated message decoded");
+                assert!(
+                    decode_spend(&bytes[..cut]).is_err(),
+                    "truncated message decoded"
+                );
             }
         }
     }
