@@ -6,27 +6,29 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{bail, Context};
-use nix::sys::signal::Signal;
+// etcd's JSON gateway carries keys and values as standard base64 with padding.
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use serde_json::json;
 use tempfile::TempDir;
 
 use super::ports::free_port;
 use super::process::clean_env;
 use super::scratch::scratch_dir;
-use super::server::{ServerCore, ServerSpec};
+use super::server::{Server, ServerSpec};
 use super::tools::tool_path;
 use super::wait::http_client;
 
 /// A single-member etcd cluster on free loopback ports, its data in a
 /// temporary directory that outlives `kill()` so `restart()` comes back with
-/// the same keys and revisions, as a crashed production member would.
+/// the same keys and revisions, as a crashed production member would. A
+/// paused member (`pause()`) lets leases held by services expire while
+/// their connections look alive.
 ///
 /// Killed and its directory removed on `Drop`.
-pub struct Etcd {
-    core: ServerCore<EtcdSpec>,
-}
+pub type Etcd = Server<EtcdSpec>;
 
-impl Etcd {
+impl Server<EtcdSpec> {
     /// Starts etcd and returns once it has elected itself leader and
     /// reports healthy.
     ///
@@ -53,95 +55,23 @@ impl Etcd {
             peer_port: 0,
             _dir: dir,
         };
-        Etcd {
-            core: ServerCore::start(spec).await,
-        }
+        Server::launch(spec).await
     }
 
     /// The client endpoint, `http://127.0.0.1:PORT`; stable across restarts.
     pub fn endpoints(&self) -> String {
-        format!("http://127.0.0.1:{}", self.core.spec().client_port)
-    }
-
-    /// The client port alone, for configs that take host and port apart.
-    pub fn port(&self) -> u16 {
-        self.core.spec().client_port
+        format!("http://127.0.0.1:{}", self.port())
     }
 
     /// The member's data, for tests that inspect or damage it on disk.
     pub fn data_dir(&self) -> &Path {
-        &self.core.spec().data_dir
-    }
-
-    /// Kept across restarts (appended), so one file tells the whole story.
-    pub fn log_path(&self) -> &Path {
-        &self.core.spec().log_path
-    }
-
-    /// `None` while etcd is down.
-    pub fn pid(&self) -> Option<u32> {
-        self.core.pid()
-    }
-
-    /// Whether the process is alive; a paused one counts. Reaps it if it
-    /// died, hence `&mut`.
-    pub fn is_running(&mut self) -> bool {
-        self.core.is_running()
+        &self.spec().data_dir
     }
 
     /// Whether etcd answers `/health` with `"health":"true"` right now; for
     /// tests that watch it come and go.
     pub async fn is_healthy(&self) -> bool {
-        self.core.spec().healthy().await
-    }
-
-    /// Crashes etcd (SIGKILL) and waits until it is gone. No-op if already down.
-    pub fn kill(&mut self) {
-        self.core.kill();
-    }
-
-    /// Shuts etcd down gracefully (SIGTERM) and waits until it is gone.
-    ///
-    /// # Panics
-    ///
-    /// If it is still running after 30 s (it is then killed).
-    pub fn stop(&mut self) {
-        self.core.stop();
-    }
-
-    /// Freezes etcd (SIGSTOP): requests hang instead of failing, so leases
-    /// held by services expire while their connections look alive.
-    ///
-    /// # Panics
-    ///
-    /// If etcd is not running.
-    pub fn pause(&mut self) {
-        self.core.signal(Signal::SIGSTOP);
-    }
-
-    /// Undoes [`Etcd::pause`].
-    ///
-    /// # Panics
-    ///
-    /// If etcd is not running.
-    pub fn resume(&mut self) {
-        self.core.signal(Signal::SIGCONT);
-    }
-
-    /// Starts etcd again on the same ports with the same data directory and
-    /// returns once it is healthy.
-    ///
-    /// # Panics
-    ///
-    /// If etcd is still running (`kill()` or `stop()` it first), or does not
-    /// start.
-    pub async fn restart(&mut self) {
-        self.core.restart().await;
-    }
-
-    /// The last log lines, for assertion messages.
-    pub fn log_tail(&self, lines: usize) -> String {
-        self.core.log_tail(lines)
+        self.spec().healthy().await
     }
 
     /// Writes a key through etcd's JSON gateway, so tests can seed or
@@ -152,8 +82,8 @@ impl Etcd {
     /// If etcd is unreachable or refuses the write.
     pub async fn put(&self, key: &str, value: &[u8]) -> anyhow::Result<()> {
         let body = json!({
-            "key": base64::encode(key.as_bytes()),
-            "value": base64::encode(value),
+            "key": BASE64.encode(key.as_bytes()),
+            "value": BASE64.encode(value),
         });
         self.gateway("kv/put", body).await.map(drop)
     }
@@ -164,14 +94,15 @@ impl Etcd {
     ///
     /// If etcd is unreachable or the answer is malformed.
     pub async fn get(&self, key: &str) -> anyhow::Result<Option<Vec<u8>>> {
-        let body = json!({ "key": base64::encode(key.as_bytes()) });
+        let body = json!({ "key": BASE64.encode(key.as_bytes()) });
         let answer = self.gateway("kv/range", body).await?;
         let Some(value) = answer["kvs"].get(0).map(|kv| &kv["value"]) else {
             return Ok(None);
         };
         // The gateway omits empty values altogether.
         let encoded = value.as_str().unwrap_or("");
-        base64::decode(encoded)
+        BASE64
+            .decode(encoded)
             .map(Some)
             .with_context(|| format!("etcd returned a value that is not base64: {encoded:?}"))
     }
@@ -189,14 +120,14 @@ impl Etcd {
         let last = end.pop().context("empty prefix")?;
         end.push(last + 1);
         let body = json!({
-            "key": base64::encode(prefix.as_bytes()),
-            "range_end": base64::encode(&end),
+            "key": BASE64.encode(prefix.as_bytes()),
+            "range_end": BASE64.encode(&end),
         });
         let answer = self.gateway("kv/range", body).await?;
         let mut kvs = Vec::new();
         for kv in answer["kvs"].as_array().into_iter().flatten() {
-            let key = base64::decode(kv["key"].as_str().unwrap_or(""))?;
-            let value = base64::decode(kv["value"].as_str().unwrap_or(""))?;
+            let key = BASE64.decode(kv["key"].as_str().unwrap_or(""))?;
+            let value = BASE64.decode(kv["value"].as_str().unwrap_or(""))?;
             // int64 fields come as strings through the gateway.
             let lease = kv["lease"]
                 .as_str()
@@ -229,7 +160,8 @@ impl Etcd {
     }
 }
 
-struct EtcdSpec {
+/// How [`Etcd`] starts and probes `etcd`.
+pub struct EtcdSpec {
     binary: PathBuf,
     name: String,
     data_dir: PathBuf,
@@ -287,6 +219,10 @@ impl ServerSpec for EtcdSpec {
         self.peer_port = free_port();
     }
 
+    fn port(&self) -> u16 {
+        self.client_port
+    }
+
     fn command(&self) -> Command {
         let client_url = format!("http://127.0.0.1:{}", self.client_port);
         let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
@@ -325,66 +261,5 @@ impl ServerSpec for EtcdSpec {
 
     fn probe(&self) -> impl Future<Output = bool> + '_ {
         self.ready()
-    }
-}
-
-/// Standard base64 with padding, which etcd's gateway uses for keys and
-/// values; too small a need for another dependency.
-mod base64 {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-    pub(super) fn encode(bytes: &[u8]) -> String {
-        let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-        for chunk in bytes.chunks(3) {
-            let padded = [
-                chunk[0],
-                chunk.get(1).copied().unwrap_or(0),
-                chunk.get(2).copied().unwrap_or(0),
-            ];
-            let group = u32::from_be_bytes([0, padded[0], padded[1], padded[2]]);
-            for index in 0..4 {
-                if index <= chunk.len() {
-                    let sextet = (group >> (18 - 6 * index)) & 0x3f;
-                    out.push(char::from(ALPHABET[sextet as usize]));
-                } else {
-                    out.push('=');
-                }
-            }
-        }
-        out
-    }
-
-    pub(super) fn decode(text: &str) -> anyhow::Result<Vec<u8>> {
-        let symbols = text.trim_end_matches('=').as_bytes();
-        let mut out = Vec::with_capacity(symbols.len() * 3 / 4);
-        let mut group = 0_u32;
-        let mut bits = 0;
-        for &symbol in symbols {
-            let Some(value) = ALPHABET.iter().position(|&letter| letter == symbol) else {
-                anyhow::bail!("invalid base64 symbol {:?}", char::from(symbol));
-            };
-            group = (group << 6) | value as u32;
-            bits += 6;
-            if bits >= 8 {
-                bits -= 8;
-                out.push((group >> bits) as u8);
-                group &= (1 << bits) - 1;
-            }
-        }
-        Ok(out)
-    }
-
-    #[cfg(test)]
-    mod tests {
-        #[test]
-        fn round_trips_every_padding_length() {
-            for text in ["", "f", "fo", "foo", "foob", "fooba", "foobar"] {
-                let encoded = super::encode(text.as_bytes());
-                assert_eq!(super::decode(&encoded).unwrap(), text.as_bytes());
-            }
-            assert_eq!(super::encode(b"foobar"), "Zm9vYmFy");
-            assert_eq!(super::encode(b"fo"), "Zm8=");
-            assert_eq!(super::encode(b"f"), "Zg==");
-        }
     }
 }

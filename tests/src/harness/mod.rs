@@ -6,9 +6,11 @@
 //!
 //! Modules: `tools` finds the external binaries, `ports` hands out ports,
 //! `scratch` owns the temporary directories, `process` owns one child process
-//! (signals, logs, cleanup), `nats` / `etcd` / `s3` wrap the servers on top of
-//! it, `service` runs the workspace's binaries and `wait` holds the polling
-//! helpers every readiness check goes through.
+//! (signals, logs, cleanup), `server` gives every server kind one lifecycle
+//! ([`Server`]: kill, stop, pause, restart), `nats` / `etcd` / `s3` / `redis`
+//! add what is particular to each kind, `service` runs the workspace's
+//! binaries and `wait` holds the polling helpers every readiness check goes
+//! through.
 //!
 //! Cleanup: every child is killed and every directory removed on `Drop`,
 //! including while a test panics. If the test process itself is killed, the
@@ -33,6 +35,7 @@ pub use nix::sys::signal::Signal;
 pub use ports::free_port;
 pub use redis::RedisServer;
 pub use s3::S3Server;
+pub use server::Server;
 pub use service::{service_binary, ServiceBuilder, ServiceProcess};
 pub use tools::{tool_path, workspace_root};
 pub use wait::{wait_until, wait_until_ok};

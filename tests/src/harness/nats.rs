@@ -5,13 +5,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use nix::sys::signal::Signal;
 use tempfile::TempDir;
 
 use super::ports::free_port;
 use super::process::clean_env;
 use super::scratch::scratch_dir;
-use super::server::{ServerCore, ServerSpec};
+use super::server::{Server, ServerSpec};
 use super::tools::tool_path;
 use super::wait::{accepts_tcp, http_client};
 
@@ -34,11 +33,9 @@ pub struct NatsOptions {
 /// the same streams, as a crashed production server would.
 ///
 /// Killed and its directory removed on `Drop`.
-pub struct NatsServer {
-    core: ServerCore<NatsSpec>,
-}
+pub type NatsServer = Server<NatsSpec>;
 
-impl NatsServer {
+impl Server<NatsSpec> {
     /// Starts a server with the default options (fsync on every write) and
     /// returns once JetStream is serving.
     ///
@@ -73,101 +70,28 @@ impl NatsServer {
             monitor_port: 0,
             _dir: dir,
         };
-        NatsServer {
-            core: ServerCore::start(spec).await,
-        }
+        Server::launch(spec).await
     }
 
     /// The client URL, `nats://127.0.0.1:PORT`; stable across restarts.
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.core.spec().port)
-    }
-
-    /// The client port alone, for configs that take host and port apart.
-    pub fn port(&self) -> u16 {
-        self.core.spec().port
+        format!("nats://127.0.0.1:{}", self.port())
     }
 
     /// The monitoring endpoint (`/varz`, `/jsz`, `/healthz`), for tests that
     /// assert on server-side state such as a consumer's pending count.
     pub fn monitor_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.core.spec().monitor_port)
+        format!("http://127.0.0.1:{}", self.spec().monitor_port)
     }
 
     /// JetStream's store, for tests that inspect or damage it on disk.
     pub fn store_dir(&self) -> &Path {
-        &self.core.spec().store_dir
-    }
-
-    /// Kept across restarts (appended), so one file tells the whole story.
-    pub fn log_path(&self) -> &Path {
-        &self.core.spec().log_path
-    }
-
-    /// `None` while the server is down.
-    pub fn pid(&self) -> Option<u32> {
-        self.core.pid()
-    }
-
-    /// Whether the process is alive; a paused one counts. Reaps it if it
-    /// died, hence `&mut`.
-    pub fn is_running(&mut self) -> bool {
-        self.core.is_running()
-    }
-
-    /// Crashes the server (SIGKILL) and waits until it is gone: no flush,
-    /// no goodbye to clients, like a power cut. No-op if already down.
-    pub fn kill(&mut self) {
-        self.core.kill();
-    }
-
-    /// Shuts the server down gracefully (SIGTERM) and waits until it is gone.
-    ///
-    /// # Panics
-    ///
-    /// If it is still running after 30 s (it is then killed).
-    pub fn stop(&mut self) {
-        self.core.stop();
-    }
-
-    /// Freezes the server (SIGSTOP): connections stay open but nothing is
-    /// answered, which is how a stalled server differs from a dead one.
-    ///
-    /// # Panics
-    ///
-    /// If the server is not running.
-    pub fn pause(&mut self) {
-        self.core.signal(Signal::SIGSTOP);
-    }
-
-    /// Undoes [`NatsServer::pause`].
-    ///
-    /// # Panics
-    ///
-    /// If the server is not running.
-    pub fn resume(&mut self) {
-        self.core.signal(Signal::SIGCONT);
-    }
-
-    /// Starts the server again on the same ports with the same store, and
-    /// returns once JetStream is serving. Clients connected before reconnect
-    /// on their own.
-    ///
-    /// # Panics
-    ///
-    /// If the server is still running (`kill()` or `stop()` it first: a
-    /// crash and a clean shutdown are different tests), or does not start.
-    pub async fn restart(&mut self) {
-        self.core.restart().await;
-    }
-
-    /// The server's last log lines, for assertion messages.
-    pub fn log_tail(&self, lines: usize) -> String {
-        self.core.log_tail(lines)
+        &self.spec().store_dir
     }
 }
 
-struct NatsSpec {
+/// How [`NatsServer`] starts and probes `nats-server`.
+pub struct NatsSpec {
     binary: PathBuf,
     /// Unique, so the readiness probe can tell this server from another one
     /// that took its port.
@@ -240,6 +164,10 @@ impl ServerSpec for NatsSpec {
         let config = self.config();
         std::fs::write(&self.config_path, config)
             .unwrap_or_else(|err| panic!("write {}: {err}", self.config_path.display()));
+    }
+
+    fn port(&self) -> u16 {
+        self.port
     }
 
     fn command(&self) -> Command {

@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 use super::ports::free_port;
 use super::process::clean_env;
 use super::scratch::scratch_dir;
-use super::server::{ServerCore, ServerSpec};
+use super::server::{Server, ServerSpec};
 use super::tools::tool_path;
 
 /// How long one readiness probe may take before it counts as "not yet".
@@ -20,16 +20,15 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A `redis-server` on a free loopback port, its data directory (AOF) in a
 /// temporary directory that outlives `kill()` so `restart()` recovers what
-/// was persisted, as a crashed production server would.
+/// was persisted, as a crashed production server would (after replaying its
+/// append-only file, when durable).
 ///
 /// Every setting is passed on the command line, so no config file a
 /// developer keeps around can change it. Killed and its directory removed
 /// on `Drop`.
-pub struct RedisServer {
-    core: ServerCore<RedisSpec>,
-}
+pub type RedisServer = Server<RedisSpec>;
 
-impl RedisServer {
+impl Server<RedisSpec> {
     /// Starts a server and returns once it answers commands.
     ///
     /// `durable`: `appendonly yes` with `appendfsync always`, so a reply
@@ -59,72 +58,30 @@ impl RedisServer {
             port: 0,
             _dir: dir,
         };
-        RedisServer {
-            core: ServerCore::start(spec).await,
-        }
+        Server::launch(spec).await
     }
 
     /// The client URL, `redis://127.0.0.1:PORT/`; stable across restarts.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.core.spec().port)
-    }
-
-    pub fn port(&self) -> u16 {
-        self.core.spec().port
+        format!("redis://127.0.0.1:{}/", self.port())
     }
 
     /// Whether writes are fsynced before Redis answers them.
     pub fn is_durable(&self) -> bool {
-        self.core.spec().durable
+        self.spec().durable
     }
 
     /// Where the append-only file lives (empty when not durable).
     pub fn data_dir(&self) -> &Path {
-        &self.core.spec().data_dir
-    }
-
-    /// Kept across restarts (appended), so one file tells the whole story.
-    pub fn log_path(&self) -> &Path {
-        &self.core.spec().log_path
-    }
-
-    /// `None` while the server is down.
-    pub fn pid(&self) -> Option<u32> {
-        self.core.pid()
-    }
-
-    /// Whether the process is alive. Reaps it if it died, hence `&mut`.
-    pub fn is_running(&mut self) -> bool {
-        self.core.is_running()
-    }
-
-    /// Crashes the server (SIGKILL) and waits until it is gone. No-op if
-    /// already down.
-    pub fn kill(&mut self) {
-        self.core.kill();
-    }
-
-    /// Starts the server again on the same port with the same data
-    /// directory, and returns once it answers commands (after replaying its
-    /// append-only file, when durable).
-    ///
-    /// # Panics
-    ///
-    /// If the server is still running (`kill()` it first), or does not start.
-    pub async fn restart(&mut self) {
-        self.core.restart().await;
-    }
-
-    /// The server's last log lines, for assertion messages.
-    pub fn log_tail(&self, lines: usize) -> String {
-        self.core.log_tail(lines)
+        &self.spec().data_dir
     }
 }
 
-struct RedisSpec {
+/// How [`RedisServer`] starts and probes `redis-server`.
+pub struct RedisSpec {
     binary: PathBuf,
     durable: bool,
-    /// Canonical, see [`RedisServer::start`].
+    /// Canonical, see `RedisServer::start`.
     data_dir: PathBuf,
     log_path: PathBuf,
     port: u16,
@@ -172,6 +129,10 @@ impl ServerSpec for RedisSpec {
 
     fn pick_ports(&mut self) {
         self.port = free_port();
+    }
+
+    fn port(&self) -> u16 {
+        self.port
     }
 
     fn command(&self) -> Command {

@@ -80,14 +80,17 @@ where
     }
 }
 
-/// What the retry loops need to know about a server.
-pub(crate) trait ServerSpec {
+/// What the retry loops and [`Server`] need to know about one kind of server.
+pub trait ServerSpec {
     /// For messages: "nats-server", "etcd", "moto_server".
     const NAME: &'static str;
 
     /// Chooses new ports before a first start (and again after a start that
     /// lost its port to another process).
     fn pick_ports(&mut self);
+
+    /// The port clients connect to.
+    fn port(&self) -> u16;
 
     fn command(&self) -> Command;
 
@@ -152,19 +155,31 @@ pub(crate) async fn start_again<S: ServerSpec>(spec: &S) -> ManagedChild {
 /// How long a graceful stop may take before it counts as hung.
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The lifecycle every server shares; the public server types wrap it and
-/// add their own addresses and helpers.
-pub(crate) struct ServerCore<S: ServerSpec> {
+/// One server process on free loopback ports, of the kind `S` describes,
+/// with the lifecycle every kind shares: crash, graceful stop, pause and
+/// restart on the same ports with the same data. Each kind adds its own
+/// addresses and helpers ([`super::NatsServer`], [`super::Etcd`],
+/// [`super::S3Server`], [`super::RedisServer`]).
+///
+/// Killed on `Drop`, and its directory removed; after a failed test its log
+/// tail is printed.
+pub struct Server<S: ServerSpec> {
     /// Declared before `spec` so the process is dead before `spec` removes
     /// the directory it writes to.
     child: Option<ManagedChild>,
     spec: S,
 }
 
-impl<S: ServerSpec> ServerCore<S> {
-    pub(crate) async fn start(mut spec: S) -> Self {
+impl<S: ServerSpec> Server<S> {
+    /// Starts the server on fresh ports and returns once it serves.
+    ///
+    /// # Panics
+    ///
+    /// If the binary is missing or does not start; the message carries its
+    /// log tail.
+    pub(crate) async fn launch(mut spec: S) -> Self {
         let child = start_fresh(&mut spec).await;
-        ServerCore {
+        Server {
             child: Some(child),
             spec,
         }
@@ -174,24 +189,37 @@ impl<S: ServerSpec> ServerCore<S> {
         &self.spec
     }
 
-    pub(crate) fn pid(&self) -> Option<u32> {
+    /// The port clients connect to, for configs that take host and port
+    /// apart; stable across restarts.
+    pub fn port(&self) -> u16 {
+        self.spec.port()
+    }
+
+    /// `None` while the server is down.
+    pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(ManagedChild::pid)
     }
 
-    pub(crate) fn is_running(&mut self) -> bool {
+    /// Whether the process is alive; a paused one counts. Reaps it if it
+    /// died, hence `&mut`.
+    pub fn is_running(&mut self) -> bool {
         self.child.as_mut().is_some_and(ManagedChild::is_running)
     }
 
-    pub(crate) fn kill(&mut self) {
+    /// Crashes the server (SIGKILL) and waits until it is gone: no flush, no
+    /// goodbye to clients, like a power cut. No-op if already down.
+    pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             child.kill();
         }
     }
 
+    /// Shuts the server down gracefully (SIGTERM) and waits until it is gone.
+    ///
     /// # Panics
     ///
-    /// If the server does not exit within [`STOP_TIMEOUT`] (it is killed).
-    pub(crate) fn stop(&mut self) {
+    /// If it is still running after 30 s (it is then killed).
+    pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             if let Err(err) = child.terminate(STOP_TIMEOUT) {
                 panic!("{err:#}; log tail:\n{}", self.log_tail(30));
@@ -199,10 +227,26 @@ impl<S: ServerSpec> ServerCore<S> {
         }
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open but nothing is
+    /// answered, which is how a stalled server differs from a dead one.
+    ///
     /// # Panics
     ///
     /// If the server is not running.
-    pub(crate) fn signal(&mut self, signal: Signal) {
+    pub fn pause(&mut self) {
+        self.signal(Signal::SIGSTOP);
+    }
+
+    /// Undoes [`Server::pause`].
+    ///
+    /// # Panics
+    ///
+    /// If the server is not running.
+    pub fn resume(&mut self) {
+        self.signal(Signal::SIGCONT);
+    }
+
+    fn signal(&mut self, signal: Signal) {
         let child = self
             .child
             .as_mut()
@@ -212,11 +256,15 @@ impl<S: ServerSpec> ServerCore<S> {
         }
     }
 
+    /// Starts the server again on the same ports with the same data, and
+    /// returns once it serves. Clients connected before reconnect on their
+    /// own.
+    ///
     /// # Panics
     ///
-    /// If the server is still running: whether it should go down by crash
-    /// or gracefully is the test's decision (`kill()` or `stop()` first).
-    pub(crate) async fn restart(&mut self) {
+    /// If the server is still running (`kill()` or `stop()` it first: a
+    /// crash and a clean shutdown are different tests), or does not start.
+    pub async fn restart(&mut self) {
         if self.is_running() {
             panic!(
                 "{} is still running; call kill() or stop() before restart()",
@@ -229,12 +277,18 @@ impl<S: ServerSpec> ServerCore<S> {
         self.child = Some(start_again(&self.spec).await);
     }
 
-    pub(crate) fn log_tail(&self, lines: usize) -> String {
+    /// Kept across restarts (appended), so one file tells the whole story.
+    pub fn log_path(&self) -> &Path {
+        self.spec.log_path()
+    }
+
+    /// The server's last log lines, for assertion messages.
+    pub fn log_tail(&self, lines: usize) -> String {
         log_tail(self.spec.log_path(), lines)
     }
 }
 
-impl<S: ServerSpec> Drop for ServerCore<S> {
+impl<S: ServerSpec> Drop for Server<S> {
     fn drop(&mut self) {
         report_if_panicking(S::NAME, self.spec.log_path());
     }
