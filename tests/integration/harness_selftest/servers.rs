@@ -2,13 +2,14 @@
 //! that really crashes, a restart that keeps the store, a pause that stalls,
 //! and nothing left behind on drop.
 
+use std::path::Path;
+use std::time::Duration;
+
 use adspend_tests::harness::{NatsOptions, NatsServer};
 use async_nats::jetstream::{self, stream::StorageType};
 use bytes::Bytes;
 
-use super::{
-    get_json, process_exists, process_state, refuses_connections, wait_for_state, POLL, SHORT,
-};
+use super::{get_json, process_exists, refuses_connections, wait_for_state, SHORT};
 
 #[tokio::test]
 async fn nats_jetstream_keeps_acknowledged_messages_across_kill_and_restart() {

@@ -1,9 +1,11 @@
 //! Service processes: signals, logs, restarts, a clean environment, and
 //! the workspace's binaries found where cargo put them.
 
+use std::time::Duration;
+
 use adspend_tests::harness::{service_binary, ServiceProcess, Signal};
 
-use super::{process_exists, process_state, wait_for_state, SHORT};
+use super::{process_exists, wait_for_state, SHORT};
 
 /// A stand-in service: exits 7 on SIGTERM, otherwise runs. It logs its pid
 /// only once the trap is set, so a test that waits for that line cannot

@@ -23,6 +23,29 @@ async fn etcd_keeps_its_data_across_kill_and_restart() {
         Some(&b"value-1"[..])
     );
     assert_eq!(etcd.get("selftest/absent").await.unwrap(), None);
+    // Keys and values cross the JSON gateway as base64: every padding
+    // length, bytes that are not UTF-8, and the empty value (which the
+    // gateway leaves out of its answer) come back as they went in.
+    let values: Vec<Vec<u8>> = (0..=7_u8)
+        .map(|n| (0..n).map(|i| 0xF8 ^ i).collect())
+        .collect();
+    for (n, value) in values.iter().enumerate() {
+        etcd.put(&format!("selftest/bytes/{n}"), value)
+            .await
+            .unwrap();
+    }
+    for (n, value) in values.iter().enumerate() {
+        let key = format!("selftest/bytes/{n}");
+        assert_eq!(etcd.get(&key).await.unwrap().as_ref(), Some(value), "{key}");
+    }
+    let listed = etcd.get_prefix("selftest/bytes/").await.unwrap();
+    let listed: Vec<(String, Vec<u8>)> = listed.into_iter().map(|(k, v, _)| (k, v)).collect();
+    let expected: Vec<(String, Vec<u8>)> = values
+        .iter()
+        .enumerate()
+        .map(|(n, value)| (format!("selftest/bytes/{n}"), value.clone()))
+        .collect();
+    assert_eq!(listed, expected);
 
     let first_pid = etcd.pid().unwrap();
     etcd.kill();
@@ -62,6 +85,22 @@ async fn s3_round_trips_objects_over_plain_http() {
         .await
         .unwrap();
     s3.put_object("selftest", "other/x", "x").await.unwrap();
+    // Characters a URL or the listing's XML must escape.
+    let awkward = "other/a&b c?d=<e>";
+    s3.put_object("selftest", awkward, "awkward").await.unwrap();
+    assert_eq!(
+        s3.get_object("selftest", awkward).await.unwrap(),
+        Some(Bytes::from("awkward"))
+    );
+    assert_eq!(
+        s3.list_keys("selftest", "other/a").await.unwrap(),
+        [awkward]
+    );
+    s3.delete_object("selftest", awkward).await.unwrap();
+    assert_eq!(s3.get_object("selftest", awkward).await.unwrap(), None);
+    s3.delete_object("selftest", awkward)
+        .await
+        .expect("deleting a missing key succeeds, as in S3");
     assert_eq!(
         s3.get_object("selftest", "day=2024-01-01/part 1.bin")
             .await

@@ -159,7 +159,7 @@ impl Server<S3Spec> {
         body: impl Into<Bytes>,
     ) -> anyhow::Result<()> {
         self.store(bucket)?
-            .put(&ObjectPath::from(key), body.into().into())
+            .put(&object_path(key)?, body.into().into())
             .await
             .with_context(|| format!("PUT s3://{bucket}/{key}"))?;
         Ok(())
@@ -173,7 +173,7 @@ impl Server<S3Spec> {
     /// If the server is unreachable, the bucket does not exist, or it refuses.
     pub async fn get_object(&self, bucket: &str, key: &str) -> anyhow::Result<Option<Bytes>> {
         let what = || format!("GET s3://{bucket}/{key}");
-        match self.store(bucket)?.get(&ObjectPath::from(key)).await {
+        match self.store(bucket)?.get(&object_path(key)?).await {
             Ok(object) => object.bytes().await.with_context(what).map(Some),
             // A missing bucket is a 404 too, and an error here.
             Err(object_store::Error::NotFound { source, .. })
@@ -192,7 +192,7 @@ impl Server<S3Spec> {
     /// If the server is unreachable, the bucket does not exist, or it refuses.
     pub async fn delete_object(&self, bucket: &str, key: &str) -> anyhow::Result<()> {
         self.store(bucket)?
-            .delete(&ObjectPath::from(key))
+            .delete(&object_path(key)?)
             .await
             .with_context(|| format!("DELETE s3://{bucket}/{key}"))
     }
@@ -207,9 +207,10 @@ impl Server<S3Spec> {
     pub async fn list_keys(&self, bucket: &str, prefix: &str) -> anyhow::Result<Vec<String>> {
         // object_store lists whole directories: list the one the prefix
         // ends in, then keep the keys that start with all of it.
-        let dir = prefix
-            .rsplit_once('/')
-            .map(|(dir, _)| ObjectPath::from(dir));
+        let dir = match prefix.rsplit_once('/') {
+            Some((dir, _)) => Some(object_path(dir)?),
+            None => None,
+        };
         let mut keys: Vec<String> = self
             .store(bucket)?
             .list(dir.as_ref())
@@ -221,6 +222,12 @@ impl Server<S3Spec> {
         keys.sort_unstable();
         Ok(keys)
     }
+}
+
+/// `key` exactly as given: object_store's `Path::from` would percent-encode
+/// characters such as `?` and `<` into the stored key itself.
+fn object_path(key: &str) -> anyhow::Result<ObjectPath> {
+    ObjectPath::parse(key).with_context(|| format!("S3 key {key:?}"))
 }
 
 /// How [`S3Server`] starts and probes moto, and its clients.
