@@ -5,12 +5,15 @@
 #
 #   bash scripts/fuzz.sh [--seconds N] [target...]   N seconds per target (default 60)
 #   bash scripts/fuzz.sh --ci                        20 seconds per target (test.sh runs this)
+#   bash scripts/fuzz.sh --merge [target...]         fold what runs found into the committed corpus
 #
 # Installs cargo-fuzz into .tools/bin if it is missing, builds every target
 # into fuzz/target (not the workspace's target/), then runs the targets one
 # after the other. Each run reads the committed seeds in fuzz/corpus/<target>
 # and keeps what it finds new in fuzz/target/corpus/<target>; a crash is saved
-# under fuzz/artifacts/<target>/ and makes the script exit 1.
+# under fuzz/artifacts/<target>/ and makes the script exit 1. --merge shrinks
+# fuzz/target/corpus/<target> with `cargo fuzz cmin`, then adds to
+# fuzz/corpus/<target> the fewest inputs that reach the edges it lacks.
 # ADSPEND_FUZZ_SANITIZER=address builds with AddressSanitizer (default: none;
 # the code under test is safe Rust, and none runs about twice as fast).
 set -euo pipefail
@@ -19,14 +22,16 @@ cd "$root"
 
 all=(limiter_line spend_decode pacer_push catalog_parse)
 seconds=60
+merge=0
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds=${2:-}; shift 2 || shift ;;
     --seconds=*) seconds=${1#*=}; shift ;;
     --ci) seconds=20; shift ;;
+    --merge) merge=1; shift ;;
     -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    -*) echo "fuzz: unknown option $1 (--seconds N, --ci, target names)" >&2; exit 2 ;;
+    -*) echo "fuzz: unknown option $1 (--seconds N, --ci, --merge, target names)" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
 done
@@ -51,7 +56,11 @@ if ! command -v cargo-fuzz >/dev/null 2>&1; then
   set -e
   command -v cargo-fuzz >/dev/null 2>&1 || { echo "fuzz: installing cargo-fuzz failed" >&2; exit 1; }
 fi
-echo "fuzz: $(cargo-fuzz --version), sanitizer $sanitizer, ${seconds}s per target: ${targets[*]}"
+if [ "$merge" = 1 ]; then
+  echo "fuzz: $(cargo-fuzz --version), merging found inputs into fuzz/corpus: ${targets[*]}"
+else
+  echo "fuzz: $(cargo-fuzz --version), sanitizer $sanitizer, ${seconds}s per target: ${targets[*]}"
+fi
 
 # A first build compiles every dependency with coverage instrumentation (about
 # ten minutes on two cores); later builds only what changed.
@@ -67,6 +76,26 @@ if [ "$build_rc" -ne 0 ]; then
   exit 1
 fi
 echo "fuzz: build took $(($(date +%s) - build_start))s"
+
+if [ "$merge" = 1 ]; then
+  for t in "${targets[@]}"; do
+    found="fuzz/target/corpus/$t"
+    if [ -z "$(ls -A "$found" 2>/dev/null)" ]; then
+      echo "fuzz: $t: nothing found to merge ($found is empty)"
+      continue
+    fi
+    echo "fuzz: $t: cargo fuzz cmin $found ($(find "$found" -type f | wc -l) inputs)"
+    cargo fuzz cmin --sanitizer "$sanitizer" "$t" "$found" 2>&1 | grep --line-buffered -E 'MERGE-OUTER|ERROR|panicked' || true
+    before=$(find "fuzz/corpus/$t" -type f | wc -l)
+    # Edges only (no hit counts), smallest covering set: the committed
+    # corpus stays small; the full one stays in fuzz/target/corpus.
+    cargo fuzz run --sanitizer "$sanitizer" "$t" "fuzz/corpus/$t" "$found" -- \
+      -set_cover_merge=1 -use_counters=0 2>&1 |
+      grep --line-buffered -E 'MERGE-OUTER|ERROR|panicked' || true
+    echo "fuzz: $t: fuzz/corpus/$t: $before -> $(find "fuzz/corpus/$t" -type f | wc -l) inputs, $(find "fuzz/corpus/$t" -type f -printf '%s\n' | awk '{s += $1} END {print s}') bytes"
+  done
+  exit 0
+fi
 
 # libFuzzer's final statistics: "stat::<name>:   <value>".
 stat_of() {
