@@ -1,7 +1,7 @@
 //! The catalog in etcd is watched: a budget change shows in the pacer at
 //! once, an invalid update is refused and the last good catalog stays.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use adspend_tests::harness::wait_until_ok;
 
@@ -48,10 +48,19 @@ async fn etcd_catalog_changes_reach_the_pacer() {
     .expect("budget change not applied");
 
     etcd.put(CATALOG_KEY, b"{not a catalog").await.unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(budget().await.unwrap(), original + 12_345);
-    let log = p.pacer.as_ref().unwrap().log_tail(20);
-    assert!(log.contains("catalog update rejected"), "{log}");
+    // The pacer says when it has read and refused the update; from then on,
+    // and for a while after, it must keep serving the last good budget.
+    p.pacer
+        .as_mut()
+        .unwrap()
+        .wait_for_log("catalog update rejected", Duration::from_secs(10))
+        .await
+        .expect("the invalid catalog was not refused");
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(1) {
+        assert_eq!(budget().await.unwrap(), original + 12_345);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let missing = reqwest::get(format!("{}/v1/limits/no-such-limit", p.pacer_url()))
         .await
         .unwrap();

@@ -1,5 +1,7 @@
 //! A bad setting or an unreachable dependency ends a service with one clear
-//! error line and a non-zero exit, never a panic.
+//! error line and exit code 1, never a panic. A value that does not even
+//! parse as its setting's type is refused earlier, by the argument parser,
+//! which exits 2 and names the setting's flag.
 
 use std::time::Duration;
 
@@ -7,15 +9,32 @@ use adspend_tests::harness::free_port;
 
 use crate::support::{Backends, Pipeline};
 
-async fn fails_with(p: &Pipeline, service: &str, extra: &[(&str, &str)], expected: &str) {
+/// What the services' `main` returns for an error from validation or
+/// startup (`ExitCode::FAILURE`).
+const EXIT_ERROR: i32 = 1;
+/// What clap exits with when a value does not parse as its setting's type.
+const EXIT_USAGE: i32 = 2;
+
+/// Runs `service` with `extra` settings until it exits, checks the exit code
+/// and that it did not panic, and returns its log.
+async fn exits_with(p: &Pipeline, service: &str, extra: &[(&str, &str)], code: i32) -> String {
     let mut process = p.spawn_with(service, free_port(), extra);
     let status = process
         .wait_for_exit(Duration::from_secs(30))
         .await
         .unwrap_or_else(|_| panic!("{service} with {extra:?} kept running"));
-    assert!(!status.success(), "{service} with {extra:?} exited 0");
     let log = process.log_tail(30);
+    assert_eq!(
+        status.code(),
+        Some(code),
+        "{service} with {extra:?} ended with {status:?}, not exit code {code}:\n{log}"
+    );
     assert!(!log.contains("panicked"), "{service} panicked:\n{log}");
+    log
+}
+
+async fn fails_with(p: &Pipeline, service: &str, extra: &[(&str, &str)], expected: &str) {
+    let log = exits_with(p, service, extra, EXIT_ERROR).await;
     // The error line is the service's last word; the NATS client's own
     // "closed" event may still be logged after it, from a background task.
     let prefix = format!("{service}: error: ");
@@ -115,4 +134,21 @@ async fn bad_settings_and_unreachable_dependencies_fail_clearly() {
         "limit \"b\" is not in",
     )
     .await;
+
+    for (service, setting, value, flag) in [
+        ("limiter", "ADSPEND_PARTITIONS", "abc", "--partitions"),
+        ("limiter", "ADSPEND_PARTITIONS", "0", "--partitions"),
+        (
+            "aggregator",
+            "ADSPEND_DEDUPE_WINDOW_MS",
+            "-5",
+            "--dedupe-window-ms",
+        ),
+    ] {
+        let log = exits_with(&p, service, &[(setting, value)], EXIT_USAGE).await;
+        assert!(
+            log.contains(&format!("invalid value '{value}' for '{flag}")),
+            "{service} with {setting}={value}: no parse error naming {flag} in:\n{log}"
+        );
+    }
 }

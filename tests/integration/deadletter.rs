@@ -4,12 +4,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use adspend_tests::harness::{free_port, wait_until};
+use adspend_tests::harness::{free_port, wait_until_ok};
 use adspend_tests::sim::{BadKind, SimConfig};
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig};
 use futures::StreamExt;
 
-use crate::support::{assert_exact, metric, Backends, Pipeline};
+use crate::support::{assert_exact, try_metric, Backends, Pipeline};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bad_kind_is_dead_lettered_with_its_reason() {
@@ -82,12 +82,16 @@ async fn every_bad_kind_is_dead_lettered_with_its_reason() {
 
     for (reason, n) in &expected {
         let series = format!("adspend_rejected_total{{reason=\"{reason}\"}}");
-        wait_until(
+        wait_until_ok(
             Duration::from_secs(5),
             Duration::from_millis(100),
-            || async { metric(limiter_metrics, &series).await == *n as f64 },
+            || async {
+                let counted = try_metric(limiter_metrics, &series).await?;
+                anyhow::ensure!(counted == *n as f64, "{series} is {counted}");
+                Ok(())
+            },
         )
         .await
-        .unwrap_or_else(|_| panic!("{series} is not {n}"));
+        .unwrap_or_else(|e| panic!("{series} is not {n}: {e:#}"));
     }
 }
