@@ -185,7 +185,8 @@ async fn dashboard_screenshot() {
     std::fs::create_dir_all(out.parent().unwrap()).unwrap();
     // Chromium writes next to the old picture, which is replaced only by a
     // screenshot that passes the checks below: a leftover file proves nothing.
-    let fresh = out.with_extension("png.new");
+    // Chromium picks the format by the extension: the name must end in .png.
+    let fresh = out.with_file_name("dashboard.new.png");
     let _ = std::fs::remove_file(&fresh);
     // The run is a minute of a day: chart the recorded span, not the day.
     let target = format!("{}/?select={selected}&zoom=recorded", p.pacer_url());
