@@ -125,6 +125,26 @@ async fn wait_until_succeeds_late_and_times_out_clearly() {
         format!("{err:#}").contains(&format!("attempt {attempts} refused")),
         "the last error is missing: {err:#}"
     );
+    // An attempt cut off at the deadline keeps the failure before it.
+    let mut attempts = 0;
+    let err = wait_until_ok(Duration::from_millis(300), POLL, || {
+        attempts += 1;
+        let first = attempts == 1;
+        async move {
+            if first {
+                Err(anyhow::anyhow!("refused at first"))
+            } else {
+                futures::future::pending::<anyhow::Result<()>>().await
+            }
+        }
+    })
+    .await
+    .unwrap_err();
+    let message = format!("{err:#}");
+    assert!(
+        message.contains("refused at first") && message.contains("still running"),
+        "{message}"
+    );
     let value = wait_until_ok(SHORT, POLL, || async { Ok::<_, anyhow::Error>(42) })
         .await
         .context("an immediate success")

@@ -62,17 +62,24 @@ where
 {
     let deadline = Instant::now() + timeout;
     let mut polls = 0_u32;
+    let mut last_error: Option<anyhow::Error> = None;
     loop {
         polls += 1;
-        let last_error = match timeout_at(deadline, attempt()).await {
+        match timeout_at(deadline, attempt()).await {
             Ok(Ok(value)) => return Ok(value),
-            Ok(Err(err)) => err,
-            Err(_) => anyhow::anyhow!("the attempt itself was still running at the deadline"),
-        };
+            Ok(Err(err)) => last_error = Some(err),
+            // Cut off at the deadline: the attempt before says why waiting
+            // failed, if there was one.
+            Err(_) => {
+                last_error = Some(match last_error.take() {
+                    Some(err) => err.context("the last attempt was still running at the deadline"),
+                    None => anyhow::anyhow!("the attempt itself was still running at the deadline"),
+                })
+            }
+        }
         if Instant::now() >= deadline {
-            return Err(
-                last_error.context(format!("still failing after {timeout:?} ({polls} polls)"))
-            );
+            let err = last_error.expect("an attempt ended in an error or at the deadline");
+            return Err(err.context(format!("still failing after {timeout:?} ({polls} polls)")));
         }
         sleep(poll_interval).await;
     }
