@@ -94,10 +94,8 @@ impl DeltaBench {
         mut row_done: impl FnMut(&DeltaRow),
     ) -> anyhow::Result<Vec<DeltaRow>> {
         let (mut writer, store, dirty) = state::writer(&scratch.join("lmdb"))?;
-        let snapshots = SnapshotStore::from_url(&format!(
-            "file://{}",
-            scratch.join("snapshots").display()
-        ))?;
+        let snapshots =
+            SnapshotStore::from_url(&format!("file://{}", scratch.join("snapshots").display()))?;
         let mut records = CheckpointStore::open(&[], scratch, "bench").await?;
         let epoch = records.acquire_epoch().await?;
         let mut checkpointer = Checkpointer {
@@ -148,32 +146,36 @@ impl DeltaBench {
                 self.limits,
                 fill_started.elapsed().as_secs_f64()
             );
-            // A full base at this size.
-            checkpointer.chain = None;
-            let seq = store.position()?.1;
-            let started = Instant::now();
-            let base = checkpointer.checkpoint(seq).await?;
-            let base_secs = started.elapsed().as_secs_f64();
-            anyhow::ensure!(base.deltas.is_empty(), "expected a base");
-
-            // The writer keeps applying the hot limits' traffic on its own
-            // thread; one delta closes the interval that began with the
-            // base, the next one is measured after `interval_ids` more.
+            // The writer applies the hot limits' traffic on its own thread:
+            // alone first (the baseline), then paused for a full base (no
+            // load, so the base's own time is clear), then again until
+            // `interval_ids` more are applied, and the delta on top of the
+            // base is measured while it keeps applying.
             hot.next_seq = next_seq;
-            let groups: Vec<Vec<Incoming>> = (0..(self.interval_ids * 20)
-                .div_ceil(state::TUPLES_PER_MESSAGE * 10))
+            // Enough for the 1.5 s baseline at up to 4M tuples/s and the
+            // interval, with room after.
+            let tuples = 6_000_000 + 3 * self.interval_ids;
+            let groups: Vec<Vec<Incoming>> = (0..tuples.div_ceil(state::TUPLES_PER_MESSAGE * 10))
                 .map(|_| hot.group())
                 .collect();
             next_seq = hot.next_seq + 1;
             let progress = Arc::new(Progress::default());
             let stop = Arc::new(AtomicBool::new(false));
+            let paused = Arc::new(AtomicBool::new(false));
+            let idle = Arc::new(AtomicBool::new(false));
             let load = {
                 let (progress, stop, dirty) = (progress.clone(), stop.clone(), dirty.clone());
+                let (paused, idle) = (paused.clone(), idle.clone());
                 std::thread::spawn(move || -> anyhow::Result<(Writer, u64)> {
                     let mut writer = writer;
                     let (mut last_seq, mut applied) = (0, 0);
                     progress.mark(0);
                     for group in groups {
+                        while paused.load(Ordering::Acquire) && !stop.load(Ordering::Relaxed) {
+                            idle.store(true, Ordering::Release);
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        idle.store(false, Ordering::Release);
                         if stop.load(Ordering::Relaxed) {
                             break;
                         }
@@ -186,18 +188,38 @@ impl DeltaBench {
                 })
             };
             let count = || progress.applied.load(Ordering::Relaxed);
-            // The writer alone, for the baseline (after its first group).
-            while count() == 0 {
+            let finished = |load: &std::thread::JoinHandle<_>| load.is_finished();
+            while count() == 0 && !finished(&load) {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             let baseline_from = Instant::now();
             tokio::time::sleep(Duration::from_millis(1_500)).await;
             let baseline_to = Instant::now();
+
+            paused.store(true, Ordering::Release);
+            while !idle.load(Ordering::Acquire) && !finished(&load) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            checkpointer.chain = None;
             let seq = store.position()?.1;
-            checkpointer.checkpoint(seq).await?;
+            let started = Instant::now();
+            let base = checkpointer.checkpoint(seq).await?;
+            let base_secs = started.elapsed().as_secs_f64();
+            anyhow::ensure!(base.deltas.is_empty(), "expected a base");
+            paused.store(false, Ordering::Release);
+
             let interval_from = count();
-            while count() < interval_from + self.interval_ids as u64 {
+            while count() < interval_from + self.interval_ids as u64 && !finished(&load) {
                 tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            if finished(&load) {
+                let outcome = load
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("writer thread panicked"))?;
+                anyhow::bail!(
+                    "the writer stopped before the interval was applied: {:?}",
+                    outcome.err()
+                );
             }
             let seq = store.position()?.1;
             let (t0, n0) = (Instant::now(), count());
@@ -214,8 +236,8 @@ impl DeltaBench {
                 progress.last().is_some_and(|t| t >= t1),
                 "the pre-generated load ran out before the delta checkpoint ended"
             );
-            anyhow::ensure!(record.deltas.len() == 2, "expected two deltas");
-            let delta = record.deltas.last().expect("two deltas");
+            anyhow::ensure!(record.deltas.len() == 1, "expected one delta on the base");
+            let delta = record.deltas.last().expect("one delta");
             applied = writer.dedupe_ids();
 
             // Cold restore of the chain into a fresh directory.

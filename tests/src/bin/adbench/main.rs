@@ -6,6 +6,7 @@
 //! One module per section: `state` (apply, checkpoint), `e2e`, `peers`,
 //! `recovery`; each adds its rows to the table.
 
+mod deltas;
 mod e2e;
 mod peers;
 mod recovery;
@@ -22,6 +23,7 @@ use clap::{Parser, ValueEnum};
 enum Section {
     Apply,
     Checkpoint,
+    Deltas,
     E2e,
     Peers,
     Recovery,
@@ -34,7 +36,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "apply,checkpoint,e2e,peers,recovery"
+        default_value = "apply,checkpoint,deltas,e2e,peers,recovery"
     )]
     sections: Vec<Section>,
     /// Runs of each measurement, for min/median/max.
@@ -61,6 +63,14 @@ struct Args {
     state_limits: usize,
     #[arg(long, default_value_t = 10_000_000)]
     state_ids: u64,
+    /// Dedupe-id counts of the incremental checkpoint table (ascending; one
+    /// store grows through them).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1000000,10000000,50000000"
+    )]
+    delta_ids: Vec<usize>,
     /// Skip the apply case over 1,000,000 uniform limits (for profiling the
     /// Zipf case alone).
     #[arg(long)]
@@ -119,6 +129,7 @@ async fn run(args: &Args) -> anyhow::Result<Table> {
         match section {
             Section::Apply => state::apply(args, &mut table)?,
             Section::Checkpoint => state::checkpoint(args, &mut table).await?,
+            Section::Deltas => deltas::deltas(args, &mut table).await?,
             Section::E2e => e2e::end_to_end(args, &mut table).await?,
             Section::Peers => peers::side_by_side(args, &mut table).await?,
             Section::Recovery => recovery::recover(args, &mut table).await?,
