@@ -1,7 +1,6 @@
 //! Crashes of the other components: NATS, etcd and the pacer.
 
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use adspend_tests::harness::{free_port, wait_until, wait_until_ok};
