@@ -8,6 +8,10 @@ cd "$root"
 bash scripts/install-deps.sh test
 # A target directory of its own: other builds in target/ (without failure
 # points) must not replace the binaries the campaign keeps restarting.
+# Release builds with the failure points compiled in: a debug aggregator
+# spends seconds rebuilding a dedupe window of millions of ids at each
+# restart, which would dominate the round times of a long campaign.
 export CARGO_TARGET_DIR="$root/target/chaos"
-cargo build --workspace --bins --features adspend-tests/failpoints
-exec "$CARGO_TARGET_DIR/debug/adchaos" "$@"
+echo "chaos: building the services and adchaos (release, with failure points) into $CARGO_TARGET_DIR"
+cargo build --release --workspace --bins --features adspend-tests/failpoints
+exec "$CARGO_TARGET_DIR/release/adchaos" "$@"

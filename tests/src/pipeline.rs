@@ -102,9 +102,13 @@ impl Pipeline {
             ),
             ("ADSPEND_PACER_ADDR".into(), self.pacer_addr.clone()),
             // Every test and campaign round lasts well under two minutes; a
-            // short window keeps the LMDB (and each snapshot) small, as a
-            // production window bounds it by time and count.
-            ("ADSPEND_DEDUPE_WINDOW_MS".into(), "120000".into()),
+            // short window keeps the LMDB small, as a production window
+            // bounds it by time and count. A campaign can ask for another
+            // (`ADSPEND_DEDUPE_WINDOW_MS=3600000 scripts/chaos.sh`).
+            (
+                "ADSPEND_DEDUPE_WINDOW_MS".into(),
+                std::env::var("ADSPEND_DEDUPE_WINDOW_MS").unwrap_or_else(|_| "120000".into()),
+            ),
             (
                 "RUST_LOG".into(),
                 "info,adspend_aggregator=debug,adspend_limiter=debug".into(),
