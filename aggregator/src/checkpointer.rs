@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use adspend_common::checkpoint::{CheckpointRecord, CheckpointStore, DeltaRef};
-use adspend_common::snapshot_store::SnapshotStore;
+use crate::record::{CheckpointRecord, CheckpointStore, DeltaRef};
+use crate::snapshot_store::SnapshotStore;
 use adspend_common::telemetry::{
     CHECKPOINTS_COALESCED_TOTAL, CHECKPOINTS_TOTAL, CHECKPOINT_SECONDS,
     CHECKPOINT_UPLOADED_BYTES_TOTAL, SNAPSHOT_BYTES,

@@ -28,16 +28,18 @@ pub mod error;
 pub mod fence;
 pub mod handoff;
 pub mod push;
+pub mod record;
 pub mod restore;
 pub mod shard;
+pub mod snapshot_store;
 pub mod store;
 
-use adspend_common::checkpoint::CheckpointStore;
 use adspend_common::nats;
-use adspend_common::snapshot_store::SnapshotStore;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, Ownership};
+use record::CheckpointStore;
+use snapshot_store::SnapshotStore;
 pub use error::Error;
 
 /// Run until `shutdown` or a fatal error (fenced, stream integrity, LMDB).

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use adspend_common::checkpoint::CheckpointRecord;
-use adspend_common::snapshot_store::SnapshotStore;
+use crate::record::CheckpointRecord;
+use crate::snapshot_store::SnapshotStore;
 
 use crate::checkpointer::DATA_FILE;
 use crate::delta::Delta;
@@ -192,7 +192,7 @@ pub async fn open_or_restore(
     std::fs::rename(&restore_dir, lmdb_dir)
         .map_err(adspend_common::Error::io("rename", lmdb_dir))?;
     if let Some(parent) = lmdb_dir.parent() {
-        adspend_common::checkpoint::fsync_dir(parent)?;
+        crate::record::fsync_dir(parent)?;
     }
     let store = Store::open(lmdb_dir, map_size)?;
     Ok((store, record.lineage.clone(), Start::Cold))

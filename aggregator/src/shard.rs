@@ -17,9 +17,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use adspend_common::checkpoint::CheckpointStore;
+use crate::record::CheckpointStore;
+use crate::snapshot_store::SnapshotStore;
 use adspend_common::nats;
-use adspend_common::snapshot_store::SnapshotStore;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;

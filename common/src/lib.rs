@@ -3,13 +3,12 @@
 //! Data flows: ad-server impressions → `limiter` (validates against the
 //! [`catalog`], emits [`types::SpendTuple`]s encoded by [`codec`] onto the
 //! JetStream streams of [`nats`]) → `aggregator` (sums in LMDB, snapshots
-//! through [`snapshot_store`], records checkpoints in [`checkpoint`]) →
-//! `pacer` (reads [`types::SumsUpdate`] pushes). [`config`], [`telemetry`],
+//! and checkpoint records, which only it uses and so keeps) → `pacer` (reads
+//! [`types::SumsUpdate`] pushes). [`config`], [`telemetry`],
 //! [`shutdown`] and [`failpoint`] are the same plumbing in every service.
 
 pub mod catalog;
 pub mod catalog_source;
-pub mod checkpoint;
 pub mod codec;
 pub mod config;
 pub mod error;
@@ -17,7 +16,6 @@ pub mod etcd;
 pub mod failpoint;
 pub mod nats;
 pub mod shutdown;
-pub mod snapshot_store;
 pub mod telemetry;
 pub mod types;
 

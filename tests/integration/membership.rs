@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use adspend_common::checkpoint::CheckpointRecord;
+use adspend_aggregator::record::CheckpointRecord;
 use adspend_tests::harness::{free_port, wait_until, ServiceProcess};
 use adspend_tests::sim::{SimConfig, Truth};
 

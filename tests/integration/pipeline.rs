@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use adspend_common::checkpoint::CheckpointRecord;
+use adspend_aggregator::record::CheckpointRecord;
 use adspend_tests::harness::free_port;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;

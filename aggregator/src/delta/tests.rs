@@ -265,8 +265,8 @@ proptest! {
 /// whole chains; a cold restore of the record equals the live store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_then_cold_restore_equal_the_live_store() {
-    use adspend_common::checkpoint::CheckpointStore;
-    use adspend_common::snapshot_store::SnapshotStore;
+    use crate::record::CheckpointStore;
+    use crate::snapshot_store::SnapshotStore;
 
     use crate::checkpointer::Checkpointer;
 

@@ -22,10 +22,10 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use adspend_aggregator::record::CheckpointRecord;
+use adspend_aggregator::snapshot_store::Checksum;
 use adspend_aggregator::store::{Store, DEFAULT_MAP_SIZE};
-use adspend_common::checkpoint::CheckpointRecord;
 use adspend_common::codec::encode_spend;
-use adspend_common::snapshot_store::Checksum;
 use adspend_common::types::{CheckpointMarker, SpendMessage};
 use adspend_tests::harness::{wait_until, wait_until_ok, ServiceProcess};
 use adspend_tests::sim::Truth;

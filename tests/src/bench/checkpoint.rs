@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use adspend_aggregator::apply::{Incoming, Writer};
 use adspend_aggregator::checkpointer::Checkpointer;
+use adspend_aggregator::record::CheckpointStore;
 use adspend_aggregator::restore;
+use adspend_aggregator::snapshot_store::SnapshotStore;
 use adspend_aggregator::store::Store;
-use adspend_common::checkpoint::CheckpointStore;
-use adspend_common::snapshot_store::SnapshotStore;
 
 use super::state::{self, Feed, Skew};
 

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use adspend_aggregator::apply::{CheckpointRequest, DedupeLimits, Dirty, Incoming, Writer};
 use adspend_aggregator::checkpointer::Checkpointer;
+use adspend_aggregator::record::CheckpointStore;
+use adspend_aggregator::snapshot_store::SnapshotStore;
 use adspend_aggregator::store::Store;
-use adspend_common::checkpoint::CheckpointStore;
-use adspend_common::snapshot_store::SnapshotStore;
 use adspend_common::types::{MsgId, SpendBatch, SpendMessage, SpendTuple};
 use anyhow::Context as _;
 use rand::rngs::SmallRng;

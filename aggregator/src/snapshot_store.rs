@@ -12,7 +12,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::error::{Error, Result};
+use adspend_common::error::{Error, Result};
 
 const CHUNK: usize = 8 * 1024 * 1024;
 
@@ -147,7 +147,7 @@ impl SnapshotStore {
             }
             writer.write(&buf[..n]);
             // Part of the object is in flight, the upload not completed.
-            crate::failpoint::hit("aggregator.mid_upload");
+            adspend_common::failpoint::hit("aggregator.mid_upload");
         }
         writer
             .finish()
@@ -159,7 +159,7 @@ impl SnapshotStore {
                 .and_then(|f| f.sync_all())
                 .map_err(Error::io("fsync", &written))?;
             if let Some(parent) = written.parent() {
-                crate::checkpoint::fsync_dir(parent)?;
+                crate::record::fsync_dir(parent)?;
             }
         }
         Ok((size, checksum.finish()))

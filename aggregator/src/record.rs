@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use adspend_common::error::{Error, Result};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointRecord {
@@ -104,7 +104,7 @@ impl CheckpointStore {
                 shard: shard.to_string(),
             });
         }
-        let client = crate::etcd::connect(etcd_endpoints).await?;
+        let client = adspend_common::etcd::connect(etcd_endpoints).await?;
         Ok(Self::etcd(client, shard))
     }
 
@@ -250,8 +250,8 @@ impl CheckpointStore {
                 if response.succeeded() {
                     return Ok(());
                 }
-                let current =
-                    crate::etcd::txn_got_value(&response).unwrap_or_else(|| "<none>".into());
+                let current = adspend_common::etcd::txn_got_value(&response)
+                    .unwrap_or_else(|| "<none>".into());
                 Err(Error::Fenced {
                     shard: shard.clone(),
                     ours: record.epoch,
