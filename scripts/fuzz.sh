@@ -128,8 +128,12 @@ for t in "${targets[@]}"; do
   findings=$(grep -c 'Test unit written to' "$log" || true)
   if [ "$rc" -ne 0 ]; then
     status=1
-    [ "$findings" -gt 0 ] || findings="run failed (exit $rc)"
-    grep -A3 'panicked' "$log" | head -8 | sed "s/^/fuzz: $t: /" || true
+    if [ "$findings" -gt 0 ]; then
+      grep -A3 'panicked' "$log" | head -8 | sed "s/^/fuzz: $t: /" || true
+    else
+      findings="run failed (exit $rc)"
+      tail -n 15 "$log" | sed "s/^/fuzz: $t: /"
+    fi
     for a in $(grep -Eo 'Test unit written to [^ ]+' "$log" | awk '{print $5}'); do
       echo "fuzz: $t: reproduce: RUSTC_BOOTSTRAP=1 PATH=.tools/bin:\$PATH cargo fuzz run --sanitizer $sanitizer $t ${a#"$root"/}"
     done
