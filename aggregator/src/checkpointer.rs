@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::apply::CheckpointRequest;
-use crate::delta::{self, Changes};
+use crate::delta::Changes;
 use crate::error::Error;
 use crate::fence::Validity;
 use crate::restore;
@@ -137,22 +137,21 @@ impl Checkpointer {
     /// next link of `chain`.
     async fn delta(&mut self, chain: CheckpointRecord) -> Result<CheckpointRecord, Error> {
         let id = self.next_id;
-        std::fs::create_dir_all(&self.tmp_dir)
-            .map_err(adspend_common::Error::io("create", &self.tmp_dir))?;
-        let file = self.tmp_dir.join(format!("delta-{id}"));
         let changes = self.changes.clone();
-        let (lineage, path) = (self.lineage.clone(), file.clone());
-        let (taken, size) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
+        let lineage = self.lineage.clone();
+        let (taken, bytes) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
             let taken = changes.lock().expect("changes lock").take();
-            let size = delta::write_file(&taken, &lineage, &path)?;
-            Ok((taken, size))
+            let mut bytes = Vec::with_capacity(taken.encoded_len_hint());
+            taken
+                .encode(&lineage, &mut bytes)
+                .map_err(|e| Error::Task("delta encoding", e.to_string()))?;
+            Ok((taken, bytes))
         })
         .await
         .map_err(|e| Error::Task("delta encoding", e.to_string()))??;
         // A base copied while the writer committed stands at or after where
         // its changes were reset; absolute values make that range fine.
         if !(taken.from_seq..=taken.to_seq).contains(&chain.seq) {
-            let _ = std::fs::remove_file(&file);
             return Err(Error::SnapshotMismatch {
                 key: format!("{}/{id}", self.shard),
                 reason: format!(
@@ -170,10 +169,10 @@ impl Checkpointer {
             key,
             sums = taken.sums(),
             ids = taken.ids_added(),
-            size,
-            "checkpoint: delta written; uploading"
+            size = bytes.len(),
+            "checkpoint: delta encoded; uploading"
         );
-        let (size_bytes, checksum) = self.snapshots.upload(&key, &file).await?;
+        let (size_bytes, checksum) = self.snapshots.put(&key, bytes).await?;
         failpoint::hit("aggregator.after_upload");
         self.check_lease()?;
         let mut record = chain;
@@ -191,7 +190,6 @@ impl Checkpointer {
         self.next_id += 1;
         failpoint::hit("aggregator.after_record");
         metrics::counter!(CHECKPOINT_UPLOADED_BYTES_TOTAL, "kind" => "delta").increment(size_bytes);
-        let _ = tokio::fs::remove_file(&file).await;
         self.collect_garbage(&record).await;
         Ok(record)
     }

@@ -27,7 +27,6 @@
 //! ```
 
 use std::io::Write;
-use std::path::Path;
 
 use adspend_common::types::{SumEntry, LIFETIME_BUCKET};
 use rustc_hash::FxHashMap;
@@ -126,6 +125,17 @@ impl Changes {
     /// Dedupe ids added.
     pub fn ids_added(&self) -> usize {
         self.log_added.values().map(|ids| ids.len() / 16).sum()
+    }
+
+    /// About the encoded size, for the buffer.
+    pub fn encoded_len_hint(&self) -> usize {
+        let limits: usize = self
+            .limits
+            .iter()
+            .map(|(limit, change)| 1 + limit.len() + 17 + 4 + 12 * change.buckets.len())
+            .sum();
+        let log: usize = self.log_added.values().map(|ids| 20 + ids.len()).sum();
+        64 + limits + log + 16 * self.log_evicted.len()
     }
 
     /// Encode as format 1, in key order.
@@ -339,24 +349,6 @@ impl Delta {
         store.set_last_applied_seq(&mut wtxn, self.changes.to_seq)?;
         wtxn.commit().map_err(store.err("commit"))
     }
-}
-
-/// Encode `changes` into `path` (fsynced); returns its size.
-pub fn write_file(changes: &Changes, lineage: &str, path: &Path) -> Result<u64, Error> {
-    let file = std::fs::File::create(path).map_err(adspend_common::Error::io("create", path))?;
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-    changes
-        .encode(lineage, &mut out)
-        .map_err(adspend_common::Error::io("write", path))?;
-    let file = out
-        .into_inner()
-        .map_err(|e| adspend_common::Error::io("write", path)(e.into_error()))?;
-    file.sync_all()
-        .map_err(adspend_common::Error::io("fsync", path))?;
-    Ok(file
-        .metadata()
-        .map_err(adspend_common::Error::io("stat", path))?
-        .len())
 }
 
 #[cfg(test)]

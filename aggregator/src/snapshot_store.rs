@@ -116,6 +116,35 @@ impl SnapshotStore {
         }
     }
 
+    /// Upload `bytes` as `key` in one request (complete or absent, as a
+    /// single PUT is); fsynced on `file://`. Returns (size, checksum).
+    pub async fn put(&self, key: &str, bytes: Vec<u8>) -> Result<(u64, String)> {
+        let path = self.path(key);
+        let mut checksum = Checksum::default();
+        checksum.update(&bytes);
+        let size = bytes.len() as u64;
+        self.store
+            .put(&path, bytes.into())
+            .await
+            .map_err(|e| self.err("upload", key)(e.to_string()))?;
+        self.sync_local(&path)?;
+        Ok((size, checksum.finish()))
+    }
+
+    /// On `file://`, fsync what was written at `path` and its directory.
+    fn sync_local(&self, path: &ObjectPath) -> Result<()> {
+        if let Some(root) = &self.local_root {
+            let written = root.join(path.as_ref());
+            std::fs::File::open(&written)
+                .and_then(|f| f.sync_all())
+                .map_err(Error::io("fsync", &written))?;
+            if let Some(parent) = written.parent() {
+                crate::record::fsync_dir(parent)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Upload a local file as `key`; returns (size, checksum).
     pub async fn upload(&self, key: &str, file: &Path) -> Result<(u64, String)> {
         let path = self.path(key);
@@ -153,15 +182,7 @@ impl SnapshotStore {
             .finish()
             .await
             .map_err(|e| self.err("finish upload of", key)(e.to_string()))?;
-        if let Some(root) = &self.local_root {
-            let written = root.join(path.as_ref());
-            std::fs::File::open(&written)
-                .and_then(|f| f.sync_all())
-                .map_err(Error::io("fsync", &written))?;
-            if let Some(parent) = written.parent() {
-                crate::record::fsync_dir(parent)?;
-            }
-        }
+        self.sync_local(&path)?;
         Ok((size, checksum.finish()))
     }
 

@@ -80,6 +80,10 @@ async fn every_bad_kind_is_dead_lettered_with_its_reason() {
         .clone();
     assert_eq!(info.state.messages, total, "extra dead letters");
 
+    // The counter counts validations: input the limiter was redelivered (on
+    // a loaded machine an ack can come late) is validated and counted again,
+    // while its dead letter is dropped by JetStream as a duplicate (the
+    // stream count above is exact).
     for (reason, n) in &expected {
         let series = format!("adspend_rejected_total{{reason=\"{reason}\"}}");
         wait_until_ok(
@@ -87,11 +91,11 @@ async fn every_bad_kind_is_dead_lettered_with_its_reason() {
             Duration::from_millis(100),
             || async {
                 let counted = try_metric(limiter_metrics, &series).await?;
-                anyhow::ensure!(counted == *n as f64, "{series} is {counted}");
+                anyhow::ensure!(counted >= *n as f64, "{series} is {counted}");
                 Ok(())
             },
         )
         .await
-        .unwrap_or_else(|e| panic!("{series} is not {n}: {e:#}"));
+        .unwrap_or_else(|e| panic!("{series} is below {n}: {e:#}"));
     }
 }

@@ -1,4 +1,5 @@
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 
 use adspend_common::types::{MsgId, SpendBatch, SpendMessage, SpendTuple};

@@ -21,16 +21,31 @@ async fn cold_restore_applies_every_delta_and_refuses_a_damaged_one_by_name() {
     let first = p.publish(&sim_config(4_000, 61)).await;
     assert_exact(&p.settle(&first, SETTLE).await, &first);
     // Spend after the first base, so that deltas carry sums, not only
-    // positions.
-    let second = p.publish(&sim_config(4_000, 62)).await;
-    let truth = merged(&[&first, &second]);
-    assert_exact(&p.settle(&truth, SETTLE).await, &truth);
-    wait_record(&p, "a chain with a delta that carries sums", |r| {
-        r.deltas.len() >= 2 && r.deltas.iter().any(|d| d.size_bytes > 1_000)
-    })
-    .await;
-    aggregator.kill();
-    let record = etcd_record(&p).await.unwrap();
+    // positions. A new base may be copied at any checkpoint (after 30
+    // deltas, or once they outweigh the base), so publish until the chain
+    // recorded when the aggregator is killed has such a delta.
+    let mut runs = vec![first];
+    let record = loop {
+        let more = p.publish(&sim_config(2_000, 61 + runs.len() as u64)).await;
+        runs.push(more);
+        let truth = merged(&runs.iter().collect::<Vec<_>>());
+        assert_exact(&p.settle(&truth, SETTLE).await, &truth);
+        wait_record(&p, "a delta", |r| !r.deltas.is_empty()).await;
+        aggregator.kill();
+        let record = etcd_record(&p).await.unwrap();
+        if record.deltas.iter().any(|d| d.size_bytes > 1_000) {
+            break record;
+        }
+        assert!(
+            runs.len() < 8,
+            "no recorded chain with spend in a delta: {record:?}"
+        );
+        aggregator.restart();
+        aggregator
+            .wait_for_log("aggregator running", START)
+            .await
+            .expect("aggregator restarted");
+    };
     assert!(
         record.seq == record.deltas.last().unwrap().seq,
         "{record:?}"
@@ -86,8 +101,8 @@ async fn cold_restore_applies_every_delta_and_refuses_a_damaged_one_by_name() {
     let (_, start, last_applied) = running_line(&log_since(&aggregator, offset));
     assert_eq!(start, "cold");
     assert_eq!(last_applied, record.seq, "restored exactly to the record");
-    let third = p.publish(&sim_config(2_000, 63)).await;
-    let truth = merged(&[&first, &second, &third]);
+    runs.push(p.publish(&sim_config(2_000, 99)).await);
+    let truth = merged(&runs.iter().collect::<Vec<_>>());
     assert_exact(&p.settle(&truth, SETTLE).await, &truth);
     p.aggregator = Some(aggregator);
     report("delta_restore", started);

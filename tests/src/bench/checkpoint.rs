@@ -29,7 +29,8 @@ pub struct DeltaRow {
     pub delta_bytes: u64,
     /// Tuples applied between the two deltas (the interval's change).
     pub interval_tuples: u64,
-    /// The writer's rate during the delta checkpoint and alone before it.
+    /// The writer's rate during the delta checkpoint, and alone over the
+    /// interval just before it.
     pub ingest_during: f64,
     pub ingest_before: f64,
     /// Download and apply of base + deltas into a fresh directory.
@@ -147,12 +148,12 @@ impl DeltaBench {
                 fill_started.elapsed().as_secs_f64()
             );
             // The writer applies the hot limits' traffic on its own thread:
-            // alone first (the baseline), then paused for a full base (no
+            // alone first (a warm-up), then paused for a full base (no
             // load, so the base's own time is clear), then again until
             // `interval_ids` more are applied, and the delta on top of the
             // base is measured while it keeps applying.
             hot.next_seq = next_seq;
-            // Enough for the 1.5 s baseline at up to 4M tuples/s and the
+            // Enough for the 1.5 s warm-up at up to 4M tuples/s and the
             // interval, with room after.
             let tuples = 6_000_000 + 3 * self.interval_ids;
             let groups: Vec<Vec<Incoming>> = (0..tuples.div_ceil(state::TUPLES_PER_MESSAGE * 10))
@@ -192,9 +193,8 @@ impl DeltaBench {
             while count() == 0 && !finished(&load) {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            let baseline_from = Instant::now();
+            // Warm-up: the hot limits' pages come into the cache.
             tokio::time::sleep(Duration::from_millis(1_500)).await;
-            let baseline_to = Instant::now();
 
             paused.store(true, Ordering::Release);
             while !idle.load(Ordering::Acquire) && !finished(&load) {
@@ -208,7 +208,7 @@ impl DeltaBench {
             anyhow::ensure!(base.deltas.is_empty(), "expected a base");
             paused.store(false, Ordering::Release);
 
-            let interval_from = count();
+            let (interval_start, interval_from) = (Instant::now(), count());
             while count() < interval_from + self.interval_ids as u64 && !finished(&load) {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
@@ -266,7 +266,10 @@ impl DeltaBench {
                 delta_bytes: delta.size_bytes,
                 interval_tuples: n0 - interval_from,
                 ingest_during: progress.rate(t0, t1),
-                ingest_before: progress.rate(baseline_from, baseline_to),
+                // The writer alone over the interval just before the delta
+                // (the first seconds after a fill run faster or slower as
+                // LMDB's pages warm).
+                ingest_before: progress.rate(interval_start, t0),
                 restore_secs,
             };
             row_done(&row);

@@ -82,7 +82,7 @@ pub(crate) async fn deltas(args: &Args, table: &mut Table) -> anyhow::Result<()>
                 bound: 95.0,
                 higher: true,
             }),
-            "the writer applying 200,000-tuple groups of the hot limits meanwhile",
+            "the writer applying 200,000-tuple groups of the hot limits, during vs the interval before",
         );
         table.add(
             format!("full base copy {at}"),
