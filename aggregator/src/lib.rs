@@ -47,7 +47,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     config.validate()?;
     let ownership = config.ownership()?;
     let snapshots = SnapshotStore::from_url(&config.object_store_url())?;
-    let client = nats::connect(&config.nats.nats_url, "adspend-aggregator").await?;
+    let client = nats::connect(&config.nats, "adspend-aggregator").await?;
     let partitions = match ownership {
         Ownership::Cluster => return cluster::run(&config, snapshots, client, shutdown).await,
         Ownership::All => None,

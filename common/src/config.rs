@@ -9,7 +9,7 @@ use clap::Args;
 use crate::catalog_source::CatalogSource;
 use crate::error::Error;
 
-#[derive(Args, Clone, Debug)]
+#[derive(Args, Clone)]
 pub struct NatsArgs {
     /// NATS server URL(s), comma-separated.
     #[arg(
@@ -18,6 +18,65 @@ pub struct NatsArgs {
         default_value = "nats://127.0.0.1:4222"
     )]
     pub nats_url: String,
+
+    /// NATS user name (a user of the server's config file); needs
+    /// ADSPEND_NATS_PASSWORD. Unset: connect without credentials.
+    #[arg(long = "nats-user", env = "ADSPEND_NATS_USER")]
+    pub nats_user: Option<String>,
+
+    /// Password of ADSPEND_NATS_USER. Prefer the environment variable to the
+    /// flag: a flag is visible in the process list. Never logged.
+    #[arg(
+        long = "nats-password",
+        env = "ADSPEND_NATS_PASSWORD",
+        hide_env_values = true
+    )]
+    pub nats_password: Option<String>,
+
+    /// PEM file of the CA(s) to trust for the NATS server's certificate.
+    /// Set: TLS is required, a server that does not offer it is refused.
+    #[arg(long = "nats-tls-ca", env = "ADSPEND_NATS_TLS_CA")]
+    pub nats_tls_ca: Option<PathBuf>,
+
+    /// PEM client certificate, for a server that verifies clients (mutual
+    /// TLS); needs ADSPEND_NATS_TLS_KEY.
+    #[arg(long = "nats-tls-cert", env = "ADSPEND_NATS_TLS_CERT")]
+    pub nats_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of ADSPEND_NATS_TLS_CERT.
+    #[arg(long = "nats-tls-key", env = "ADSPEND_NATS_TLS_KEY")]
+    pub nats_tls_key: Option<PathBuf>,
+}
+
+impl NatsArgs {
+    /// Only a URL, no credentials and no TLS: the single-machine default.
+    pub fn plain(url: impl Into<String>) -> NatsArgs {
+        NatsArgs {
+            nats_url: url.into(),
+            nats_user: None,
+            nats_password: None,
+            nats_tls_ca: None,
+            nats_tls_cert: None,
+            nats_tls_key: None,
+        }
+    }
+}
+
+/// Written by hand so that a logged config never shows the password.
+impl std::fmt::Debug for NatsArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsArgs")
+            .field("nats_url", &self.nats_url)
+            .field("nats_user", &self.nats_user)
+            .field(
+                "nats_password",
+                &self.nats_password.as_ref().map(|_| "<redacted>"),
+            )
+            .field("nats_tls_ca", &self.nats_tls_ca)
+            .field("nats_tls_cert", &self.nats_tls_cert)
+            .field("nats_tls_key", &self.nats_tls_key)
+            .finish()
+    }
 }
 
 #[derive(Args, Clone, Debug)]

@@ -1,9 +1,11 @@
 //! NATS JetStream: connection and the streams every service agrees on.
 
+use std::path::Path;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 
+use crate::config::NatsArgs;
 use crate::error::{Error, Result};
 
 pub const IMPRESSIONS_STREAM: &str = "IMPRESSIONS";
@@ -25,15 +27,16 @@ pub fn sums_subject(shard: &str) -> String {
     format!("{SUMS_SUBJECT_PREFIX}.{shard}")
 }
 
-/// Connect, failing with one clear error when the server cannot be reached.
-/// Once connected, the client reconnects by itself forever: a NATS restart
-/// must not stop the services.
-pub async fn connect(url: &str, name: &str) -> Result<async_nats::Client> {
+/// Connect, failing with one clear error when the server cannot be reached
+/// or a setting is wrong. Once connected, the client reconnects by itself
+/// forever: a NATS restart must not stop the services.
+pub async fn connect(nats: &NatsArgs, name: &str) -> Result<async_nats::Client> {
+    let url = nats.nats_url.as_str();
     let fail = |reason: String| Error::NatsConnect {
         url: url.to_string(),
         reason,
     };
-    let options = async_nats::ConnectOptions::new()
+    let options = options(nats)?
         .name(name)
         .connection_timeout(Duration::from_secs(5))
         .max_reconnects(None)
@@ -50,6 +53,93 @@ pub async fn connect(url: &str, name: &str) -> Result<async_nats::Client> {
         Ok(Err(e)) => Err(fail(e.to_string())),
         Err(_) => Err(fail("timed out after 10s".into())),
     }
+}
+
+/// Credentials and TLS of `nats`, checked before any connection attempt so
+/// that a wrong setting is reported by its name, not as a failed handshake.
+pub fn options(nats: &NatsArgs) -> Result<async_nats::ConnectOptions> {
+    let mut options = async_nats::ConnectOptions::new();
+    match (&nats.nats_user, &nats.nats_password) {
+        (Some(user), Some(password)) => {
+            if user.is_empty() {
+                return Err(config_error("ADSPEND_NATS_USER", user, "empty"));
+            }
+            options = options.user_and_password(user.clone(), password.clone());
+        }
+        (None, None) => {}
+        (Some(user), None) => {
+            return Err(config_error(
+                "ADSPEND_NATS_USER",
+                user,
+                "ADSPEND_NATS_PASSWORD is not set",
+            ))
+        }
+        // The password itself is never echoed.
+        (None, Some(_)) => {
+            return Err(config_error(
+                "ADSPEND_NATS_PASSWORD",
+                "<redacted>",
+                "ADSPEND_NATS_USER is not set",
+            ))
+        }
+    }
+    if let Some(ca) = &nats.nats_tls_ca {
+        check_pem("ADSPEND_NATS_TLS_CA", ca, &["-----BEGIN CERTIFICATE-----"])?;
+        options = options.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    match (&nats.nats_tls_cert, &nats.nats_tls_key) {
+        (Some(cert), Some(key)) => {
+            check_pem(
+                "ADSPEND_NATS_TLS_CERT",
+                cert,
+                &["-----BEGIN CERTIFICATE-----"],
+            )?;
+            check_pem("ADSPEND_NATS_TLS_KEY", key, &["PRIVATE KEY-----"])?;
+            options = options
+                .add_client_certificate(cert.clone(), key.clone())
+                .require_tls(true);
+        }
+        (None, None) => {}
+        (Some(cert), None) => {
+            return Err(config_error(
+                "ADSPEND_NATS_TLS_CERT",
+                &cert.display().to_string(),
+                "ADSPEND_NATS_TLS_KEY is not set",
+            ))
+        }
+        (None, Some(key)) => {
+            return Err(config_error(
+                "ADSPEND_NATS_TLS_KEY",
+                &key.display().to_string(),
+                "ADSPEND_NATS_TLS_CERT is not set",
+            ))
+        }
+    }
+    Ok(options)
+}
+
+fn config_error(name: &'static str, value: &str, reason: &str) -> Error {
+    Error::Config {
+        name,
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// The file is readable and holds one of `markers` (PEM armour); its
+/// contents are never part of the error.
+fn check_pem(name: &'static str, path: &Path, markers: &[&str]) -> Result<()> {
+    let value = path.display().to_string();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| config_error(name, &value, &format!("cannot read: {e}")))?;
+    if !markers.iter().any(|m| text.contains(m)) {
+        return Err(config_error(
+            name,
+            &value,
+            &format!("not a PEM file (no {:?})", markers[0]),
+        ));
+    }
+    Ok(())
 }
 
 async fn ensure(js: &jetstream::Context, config: stream::Config) -> Result<stream::Stream> {

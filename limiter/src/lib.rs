@@ -50,7 +50,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     config.validate()?;
     let catalog_source = config.catalog.source(&config.etcd)?;
     let catalog = catalog_source.clone().watch(shutdown.clone()).await?;
-    let client = nats::connect(&config.nats.nats_url, "adspend-limiter").await?;
+    let client = nats::connect(&config.nats, "adspend-limiter").await?;
     let js = jetstream::new(client);
     let replicas = config.streams.replicas();
     let impressions = nats::ensure_impressions(&js, replicas).await?;

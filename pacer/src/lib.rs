@@ -36,7 +36,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let addr = settings.api_addr;
     let source = config.catalog.source(&config.etcd)?;
     let catalog = source.clone().watch(shutdown.clone()).await?;
-    let client = nats::connect(&config.nats.nats_url, "adspend-pacer").await?;
+    let client = nats::connect(&config.nats, "adspend-pacer").await?;
     let pushes = ingest::subscribe(&client).await?;
     let spend = Arc::new(RwLock::new(state::SpendState {
         stale_after_ms: config.stale_after_ms as i64,
