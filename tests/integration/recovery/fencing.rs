@@ -145,6 +145,9 @@ async fn stale_owner_does_not_overwrite_the_new_owners_snapshot() {
         &[
             ("ADSPEND_DATA_DIR", second_dir.to_str().unwrap()),
             ("ADSPEND_DEDUPE_MAX_IDS", "1000"),
+            // A full base at its checkpoint: the object a stale owner could
+            // overwrite is a whole snapshot.
+            ("ADSPEND_CHECKPOINT_MAX_DELTAS", "0"),
         ],
     );
     second
@@ -181,13 +184,19 @@ async fn stale_owner_does_not_overwrite_the_new_owners_snapshot() {
     // The fault fired: both owners completed an upload for this checkpoint
     // id and sequence (under one key, or under two if keys tell owners apart).
     let requests = std::fs::read_to_string(s3.log_path()).unwrap();
+    // A base is a multipart upload (counted at its completion), a delta a
+    // single PUT; the stale owner may have sent either.
     let checkpoint = format!(
-        "\"POST /{BUCKET}/snapshots/all/{:020}-{:020}",
+        " /{BUCKET}/snapshots/all/{:020}-{:020}",
         record.checkpoint_id, record.seq
     );
     let uploads = requests
         .lines()
-        .filter(|l| l.contains(&checkpoint) && l.contains("?uploadId="))
+        .filter(|l| l.contains(&checkpoint))
+        .filter(|l| {
+            (l.contains("\"POST ") && l.contains("?uploadId="))
+                || (l.contains("\"PUT ") && !l.contains('?'))
+        })
         .count();
     assert_eq!(uploads, 2, "{requests}");
     let object = s3.get_object(BUCKET, &key).await.unwrap().unwrap();
