@@ -58,6 +58,7 @@ pub async fn connect(nats: &NatsArgs, name: &str) -> Result<async_nats::Client> 
 /// Credentials and TLS of `nats`, checked before any connection attempt so
 /// that a wrong setting is reported by its name, not as a failed handshake.
 pub fn options(nats: &NatsArgs) -> Result<async_nats::ConnectOptions> {
+    install_crypto_provider();
     let mut options = async_nats::ConnectOptions::new();
     match (&nats.nats_user, &nats.nats_password) {
         (Some(user), Some(password)) => {
@@ -116,6 +117,14 @@ pub fn options(nats: &NatsArgs) -> Result<async_nats::ConnectOptions> {
         }
     }
     Ok(options)
+}
+
+/// rustls picks its crypto by crate features; the workspace enables both
+/// `ring` (async-nats) and `aws-lc-rs` (the AWS and HTTP clients), and then
+/// a TLS handshake panics unless the process chose one. `ring` is the one
+/// async-nats is built for; a provider already chosen elsewhere is kept.
+fn install_crypto_provider() {
+    let _ = async_nats::rustls::crypto::ring::default_provider().install_default();
 }
 
 fn config_error(name: &'static str, value: &str, reason: &str) -> Error {

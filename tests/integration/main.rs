@@ -10,6 +10,7 @@ mod deadletter;
 mod decisions;
 mod harness_selftest;
 mod membership;
+mod nats_auth;
 mod pacer_api;
 mod pipeline;
 mod poison;

@@ -1,0 +1,444 @@
+//! NATS accounts and TLS (deploy/nats-auth.conf, scripts/nats-auth.sh): the
+//! services run with their own least-privilege users over TLS and the
+//! pipeline stays exact; an ad server can publish impressions and nothing
+//! else; clients without credentials, with a wrong password or without TLS
+//! are refused; a wrong TLS setting is a config error naming it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use adspend_common::codec::encode_sums;
+use adspend_common::config::NatsArgs;
+use adspend_common::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET};
+use adspend_tests::harness::{free_port, wait_until, workspace_root, NatsOptions, NatsServer};
+use adspend_tests::sim;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{assert_exact, sim_config, Backends, Pipeline};
+
+const ROLES: [&str; 4] = ["adserver", "limiter", "aggregator", "pacer"];
+
+/// What scripts/nats-auth.sh generated for one test.
+struct Auth {
+    dir: tempfile::TempDir,
+    /// The server's settings: the generated secrets, then deploy/nats-auth.conf.
+    server_config: String,
+    /// Role → its password.
+    passwords: BTreeMap<String, String>,
+}
+
+impl Auth {
+    fn generate() -> Auth {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = workspace_root();
+        let output = Command::new("bash")
+            .arg(root.join("scripts/nats-auth.sh"))
+            .arg(dir.path())
+            .output()
+            .expect("run scripts/nats-auth.sh");
+        assert!(
+            output.status.success(),
+            "scripts/nats-auth.sh failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let read = |path: &Path| {
+            std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        };
+        let server_config = format!(
+            "{}\n{}",
+            read(&dir.path().join("secrets.conf")),
+            read(&root.join("deploy/nats-auth.conf"))
+        );
+        let mut passwords = BTreeMap::new();
+        for role in ROLES {
+            let env = read(&dir.path().join(format!("{role}.env")));
+            let password = env
+                .lines()
+                .find_map(|l| l.strip_prefix("ADSPEND_NATS_PASSWORD="))
+                .unwrap_or_else(|| panic!("{role}.env has no ADSPEND_NATS_PASSWORD"));
+            passwords.insert(role.to_string(), password.to_string());
+        }
+        Auth {
+            dir,
+            server_config,
+            passwords,
+        }
+    }
+
+    fn ca(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    fn nats_options(&self) -> NatsOptions {
+        NatsOptions {
+            extra_config: self.server_config.clone(),
+            ..NatsOptions::default()
+        }
+    }
+
+    /// A service's settings, as an operator would give them.
+    fn env(&self, role: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("ADSPEND_NATS_USER", role.to_string()),
+            ("ADSPEND_NATS_PASSWORD", self.passwords[role].clone()),
+            ("ADSPEND_NATS_TLS_CA", self.ca().display().to_string()),
+        ]
+    }
+
+    fn args(&self, url: &str, role: &str) -> NatsArgs {
+        NatsArgs {
+            nats_user: Some(role.to_string()),
+            nats_password: Some(self.passwords[role].clone()),
+            nats_tls_ca: Some(self.ca()),
+            ..NatsArgs::plain(url)
+        }
+    }
+}
+
+/// A client through the services' own connect path, with the server's error
+/// messages (permission violations) collected.
+async fn connect(
+    args: &NatsArgs,
+) -> Result<(async_nats::Client, Arc<Mutex<Vec<String>>>), async_nats::ConnectError> {
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let sink = errors.clone();
+    let options = adspend_common::nats::options(args)
+        .expect("valid settings")
+        .connection_timeout(Duration::from_secs(5))
+        .event_callback(move |event| {
+            let sink = sink.clone();
+            async move {
+                if let async_nats::Event::ServerError(e) = event {
+                    sink.lock().unwrap().push(e.to_string().to_lowercase());
+                }
+            }
+        });
+    let client = options.connect(args.nats_url.as_str()).await?;
+    Ok((client, errors))
+}
+
+/// Waits until the server has reported a permissions violation for a
+/// publish to `subject` on this connection.
+async fn refused(errors: &Arc<Mutex<Vec<String>>>, subject: &str) -> bool {
+    let needle = format!("permissions violation for publish to \"{subject}\"").to_lowercase();
+    wait_until(Duration::from_secs(5), Duration::from_millis(20), || {
+        let found = errors.lock().unwrap().iter().any(|e| e.contains(&needle));
+        async move { found }
+    })
+    .await
+    .is_ok()
+}
+
+fn spawn_as(p: &Pipeline, auth: &Auth, service: &str) -> adspend_tests::harness::ServiceProcess {
+    let env = auth.env(service);
+    let extra: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    p.spawn_with(service, free_port(), &extra)
+}
+
+/// The limiter has created IMPRESSIONS and its consumer (the ad server may
+/// not look, so ask the monitoring endpoint).
+async fn wait_limiter_consumer(nats: &NatsServer) {
+    let url = format!(
+        "{}/jsz?accounts=true&streams=true&consumers=true",
+        nats.monitor_url()
+    );
+    wait_until(Duration::from_secs(30), Duration::from_millis(100), || {
+        let url = url.clone();
+        async move {
+            match reqwest::get(&url).await {
+                Ok(r) => r.text().await.is_ok_and(|body| {
+                    // Indented JSON: compare without the whitespace.
+                    let body: String = body.split_whitespace().collect();
+                    body.contains("\"stream_name\":\"IMPRESSIONS\"")
+                }),
+                Err(_) => false,
+            }
+        }
+    })
+    .await
+    .expect("the limiter did not create its IMPRESSIONS consumer");
+}
+
+fn forged_push(limit: &str, lifetime_micros: u64) -> Vec<u8> {
+    encode_sums(&SumsUpdate {
+        shard: "forged".into(),
+        epoch: u64::MAX / 2,
+        seq: u64::MAX / 2,
+        push_seq: 1,
+        full: true,
+        watermark_ms: 0,
+        source_ms: 0,
+        entries: vec![SumEntry {
+            limit: limit.to_string(),
+            bucket: LIFETIME_BUCKET,
+            bucket_micros: lifetime_micros,
+            lifetime_micros,
+            lifetime_events: 1_000_000,
+        }],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn services_with_their_own_users_over_tls_are_exact_and_an_ad_server_is_confined() {
+    let auth = Auth::generate();
+    let catalog = sim::generate_catalog(&sim::CatalogSpec::for_ads(200), 11).expect("catalog");
+    let mut p = Pipeline::start_with(Backends::default(), auth.nats_options(), catalog).await;
+    p.aggregator = Some(spawn_as(&p, &auth, "aggregator"));
+    p.limiter = Some(spawn_as(&p, &auth, "limiter"));
+    p.pacer = Some(spawn_as(&p, &auth, "pacer"));
+    p.wait_pacer().await;
+    wait_limiter_consumer(&p.nats).await;
+
+    let (adserver, adserver_errors) = connect(&auth.args(&p.nats.url(), "adserver"))
+        .await
+        .expect("the ad server connects with its user over TLS");
+    let config = sim::SimConfig {
+        create_stream: false,
+        ..sim_config(3_000, 5)
+    };
+    let truth = sim::run(&adserver, &config, &p.catalog, CancellationToken::new())
+        .await
+        .expect("the ad server publishes impressions");
+    let comparison = p.settle(&truth, Duration::from_secs(60)).await;
+    assert_exact(&comparison, &truth);
+
+    // The services needed nothing beyond their grants.
+    let log = p.nats.log_tail(10_000);
+    let violations: Vec<&str> = log.lines().filter(|l| l.contains("Violation")).collect();
+    assert!(
+        violations.is_empty(),
+        "a service was refused something it needs:\n{}",
+        violations.join("\n")
+    );
+
+    // The ad server may not write spend, pushes, resyncs or dead letters, nor
+    // touch JetStream's API.
+    let before = p.lifetimes().await.expect("pacer limits");
+    let (limit, _) = before.iter().next().expect("a limit").clone();
+    let limit = limit.clone();
+    let forged = forged_push(&limit, 1 << 50);
+    for subject in [
+        "spend.0",
+        "adspend.sums.all",
+        "adspend.sums.forged",
+        "adspend.resync",
+        "deadletter.x",
+        "$JS.API.STREAM.DELETE.IMPRESSIONS",
+    ] {
+        adserver
+            .publish(subject, forged.clone().into())
+            .await
+            .expect("publish is buffered");
+        adserver.flush().await.expect("flush");
+        assert!(
+            refused(&adserver_errors, subject).await,
+            "no permissions violation for the ad server's publish to {subject}; server errors: {:?}",
+            adserver_errors.lock().unwrap()
+        );
+    }
+    // Give a delivered push ample time to land, then compare.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        p.lifetimes().await.expect("pacer limits"),
+        before,
+        "a forged push from the ad server moved the pacer"
+    );
+    assert_exact(&p.settle(&truth, Duration::from_secs(5)).await, &truth);
+
+    // The same bytes from the aggregator's user do move it: the forgery was
+    // one that would have counted.
+    let (aggregator, _) = connect(&auth.args(&p.nats.url(), "aggregator"))
+        .await
+        .expect("aggregator user connects");
+    aggregator
+        .publish("adspend.sums.forged", forged.into())
+        .await
+        .expect("publish");
+    aggregator.flush().await.expect("flush");
+    wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
+        let p = &p;
+        let limit = limit.clone();
+        async move {
+            p.lifetimes()
+                .await
+                .is_ok_and(|l| l.get(&limit) == Some(&(1 << 50)))
+        }
+    })
+    .await
+    .expect("the control push from the aggregator user did not reach the pacer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_without_credentials_or_tls_are_refused() {
+    let auth = Auth::generate();
+    let nats = NatsServer::start_with(auth.nats_options()).await;
+    let url = nats.url();
+
+    // Good user, TLS: accepted (so the refusals below are about what they
+    // change).
+    connect(&auth.args(&url, "pacer"))
+        .await
+        .expect("the pacer user connects over TLS");
+
+    let no_user = NatsArgs {
+        nats_tls_ca: Some(auth.ca()),
+        ..NatsArgs::plain(url.clone())
+    };
+    let err = connect(&no_user)
+        .await
+        .err()
+        .expect("no credentials refused");
+    assert!(
+        err.to_string().to_lowercase().contains("authorization"),
+        "not an authorization failure: {err}"
+    );
+
+    let wrong_password = NatsArgs {
+        nats_password: Some("not-the-password".into()),
+        ..auth.args(&url, "pacer")
+    };
+    let err = connect(&wrong_password)
+        .await
+        .err()
+        .expect("wrong password refused");
+    assert!(
+        err.to_string().to_lowercase().contains("authorization"),
+        "not an authorization failure: {err}"
+    );
+
+    // Right password, but the client does not trust the demo CA (no
+    // ADSPEND_NATS_TLS_CA): the server still insists on TLS, and the
+    // client finds no trusted issuer, so it never sends the password.
+    let untrusting = NatsArgs {
+        nats_tls_ca: None,
+        ..auth.args(&url, "pacer")
+    };
+    let err = connect(&untrusting)
+        .await
+        .err()
+        .expect("a client without the CA connected");
+    assert!(
+        err.to_string().contains("invalid peer certificate"),
+        "not a certificate failure: {err}"
+    );
+
+    // A plaintext client: the server answers its CONNECT by closing the
+    // connection (the TLS handshake it waits for fails), never with a PONG.
+    let mut plain = tokio::net::TcpStream::connect(("127.0.0.1", nats.port()))
+        .await
+        .expect("tcp connect");
+    let mut info = vec![0u8; 4096];
+    let n = plain.read(&mut info).await.expect("read INFO");
+    let info = String::from_utf8_lossy(&info[..n]).to_string();
+    assert!(info.contains("\"tls_required\":true"), "{info}");
+    let hello = format!(
+        "CONNECT {{\"user\":\"pacer\",\"pass\":\"{}\",\"verbose\":false}}\r\nPING\r\n",
+        auth.passwords["pacer"]
+    );
+    // The write may already fail if the server hung up first.
+    let _ = plain.write_all(hello.as_bytes()).await;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), plain.read_to_end(&mut answer))
+        .await
+        .expect("the server kept a plaintext client open");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        !answer.contains("PONG"),
+        "a plaintext client was served ({read:?}): {answer}"
+    );
+
+    // A CA that did not sign the server's certificate: the handshake fails.
+    let other = Auth::generate();
+    let wrong_ca = NatsArgs {
+        nats_tls_ca: Some(other.ca()),
+        ..auth.args(&url, "pacer")
+    };
+    assert!(
+        connect(&wrong_ca).await.is_err(),
+        "a server certificate from another CA was trusted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_nats_credential_settings_are_config_errors_naming_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let not_pem = dir.path().join("ca.txt");
+    std::fs::write(&not_pem, "hello").expect("write");
+    let missing = dir.path().join("missing.pem");
+    let url = "nats://127.0.0.1:4222";
+    let cases = [
+        (
+            NatsArgs {
+                nats_tls_ca: Some(missing.clone()),
+                ..NatsArgs::plain(url)
+            },
+            "ADSPEND_NATS_TLS_CA",
+        ),
+        (
+            NatsArgs {
+                nats_tls_ca: Some(not_pem),
+                ..NatsArgs::plain(url)
+            },
+            "ADSPEND_NATS_TLS_CA",
+        ),
+        (
+            NatsArgs {
+                nats_user: Some("limiter".into()),
+                ..NatsArgs::plain(url)
+            },
+            "ADSPEND_NATS_USER",
+        ),
+        (
+            NatsArgs {
+                nats_password: Some("s3cret-value".into()),
+                ..NatsArgs::plain(url)
+            },
+            "ADSPEND_NATS_PASSWORD",
+        ),
+        (
+            NatsArgs {
+                nats_tls_cert: Some(missing),
+                ..NatsArgs::plain(url)
+            },
+            "ADSPEND_NATS_TLS_CERT",
+        ),
+    ];
+    for (args, setting) in cases {
+        let err = adspend_common::nats::options(&args)
+            .err()
+            .unwrap_or_else(|| panic!("{args:?} accepted"))
+            .to_string();
+        assert!(
+            err.contains(setting),
+            "{args:?}: {err:?} does not name {setting}"
+        );
+        assert!(!err.contains("s3cret-value"), "the password leaked: {err}");
+    }
+
+    // The Debug form a service may log never holds the password.
+    let args = NatsArgs {
+        nats_user: Some("limiter".into()),
+        nats_password: Some("s3cret-value".into()),
+        ..NatsArgs::plain(url)
+    };
+    assert!(!format!("{args:?}").contains("s3cret-value"));
+
+    // And a service ends with that error, before connecting.
+    let p = Pipeline::start(Backends::default(), 10).await;
+    let mut limiter = p.spawn_with(
+        "limiter",
+        free_port(),
+        &[("ADSPEND_NATS_TLS_CA", "/nonexistent/ca.pem")],
+    );
+    let status = limiter
+        .wait_for_exit(Duration::from_secs(30))
+        .await
+        .expect("the limiter kept running with a missing CA file");
+    let log = limiter.log_tail(20);
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("ADSPEND_NATS_TLS_CA"), "{log}");
+}
