@@ -218,8 +218,7 @@ async fn services_with_their_own_users_over_tls_are_exact_and_an_ad_server_is_co
     // The ad server may not write spend, pushes, resyncs or dead letters, nor
     // touch JetStream's API.
     let before = p.lifetimes().await.expect("pacer limits");
-    let (limit, _) = before.iter().next().expect("a limit").clone();
-    let limit = limit.clone();
+    let limit = before.keys().next().expect("a limit").clone();
     let forged = forged_push(&limit, 1 << 50);
     for subject in [
         "spend.0",
@@ -288,10 +287,7 @@ async fn clients_without_credentials_or_tls_are_refused() {
         nats_tls_ca: Some(auth.ca()),
         ..NatsArgs::plain(url.clone())
     };
-    let err = connect(&no_user)
-        .await
-        .err()
-        .expect("no credentials refused");
+    let err = connect(&no_user).await.expect_err("no credentials refused");
     assert!(
         err.to_string().to_lowercase().contains("authorization"),
         "not an authorization failure: {err}"
@@ -303,8 +299,7 @@ async fn clients_without_credentials_or_tls_are_refused() {
     };
     let err = connect(&wrong_password)
         .await
-        .err()
-        .expect("wrong password refused");
+        .expect_err("wrong password refused");
     assert!(
         err.to_string().to_lowercase().contains("authorization"),
         "not an authorization failure: {err}"
@@ -319,8 +314,7 @@ async fn clients_without_credentials_or_tls_are_refused() {
     };
     let err = connect(&untrusting)
         .await
-        .err()
-        .expect("a client without the CA connected");
+        .expect_err("a client without the CA connected");
     assert!(
         err.to_string().contains("invalid peer certificate"),
         "not a certificate failure: {err}"
