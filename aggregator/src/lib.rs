@@ -34,12 +34,12 @@ pub mod shard;
 pub mod snapshot_store;
 pub mod store;
 
+use crate::record::CheckpointStore;
+use crate::snapshot_store::SnapshotStore;
 use adspend_common::nats;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, Ownership};
-use record::CheckpointStore;
-use snapshot_store::SnapshotStore;
 pub use error::Error;
 
 /// Run until `shutdown` or a fatal error (fenced, stream integrity, LMDB).
