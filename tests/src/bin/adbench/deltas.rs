@@ -47,9 +47,13 @@ pub(crate) async fn deltas(args: &Args, table: &mut Table) -> anyhow::Result<()>
         samples
     };
     for (i, size) in sizes.iter().enumerate() {
+        // The store holds more than the size it was grown to by the time
+        // the delta is taken (the warm-up and the interval add ids).
+        let held = column(i, &|r| r.ids as f64).median();
         let note = format!(
-            "{} limits, {} ids; per interval {} limits and {} new ids change",
+            "{} limits, {} ids held (grown to {}); per interval {} limits and {} new ids change",
             number(args.state_limits as f64),
+            number(held),
             number(*size as f64),
             number(bench.hot_limits as f64),
             number(bench.interval_ids as f64)
