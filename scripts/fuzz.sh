@@ -4,14 +4,17 @@
 # (docs/FUZZING.md says what each target checks).
 #
 #   bash scripts/fuzz.sh [--seconds N] [target...]   N seconds per target (default 60)
-#   bash scripts/fuzz.sh --ci                        20 seconds per target (test.sh runs this)
+#   bash scripts/fuzz.sh --ci [target...]            20 seconds per target, unoptimized build
 #   bash scripts/fuzz.sh --merge [target...]         fold what runs found into the committed corpus
 #
 # Installs cargo-fuzz into .tools/bin if it is missing, builds every target
 # into fuzz/target (not the workspace's target/), then runs the targets one
 # after the other. Each run reads the committed seeds in fuzz/corpus/<target>
 # and keeps what it finds new in fuzz/target/corpus/<target>; a crash is saved
-# under fuzz/artifacts/<target>/ and makes the script exit 1. --merge shrinks
+# under fuzz/artifacts/<target>/ and makes the script exit 1. --ci builds
+# without optimization (a first build takes a third of the time; runs are
+# 20-30 times slower, enough to replay the corpus and explore a little).
+# --merge shrinks
 # fuzz/target/corpus/<target> with `cargo fuzz cmin`, then adds to
 # fuzz/corpus/<target> the fewest inputs that reach the edges it lacks.
 # ADSPEND_FUZZ_SANITIZER=address builds with AddressSanitizer (default: none;
@@ -23,12 +26,14 @@ cd "$root"
 all=(limiter_line spend_decode pacer_push catalog_parse)
 seconds=60
 merge=0
+profile=()
+build_kind=optimized
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds=${2:-}; shift 2 || shift ;;
     --seconds=*) seconds=${1#*=}; shift ;;
-    --ci) seconds=20; shift ;;
+    --ci) seconds=20; profile=(--dev); build_kind=unoptimized; shift ;;
     --merge) merge=1; shift ;;
     -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz: unknown option $1 (--seconds N, --ci, --merge, target names)" >&2; exit 2 ;;
@@ -43,8 +48,8 @@ done
 sanitizer=${ADSPEND_FUZZ_SANITIZER:-none}
 start=$(date +%s)
 
-# cargo-fuzz passes nightly (-Z) flags; the pinned stable toolchain accepts
-# them with RUSTC_BOOTSTRAP (there is no nightly on this machine).
+# cargo-fuzz passes nightly-only flags; the toolchain the repository pins
+# (stable) accepts them with RUSTC_BOOTSTRAP.
 export RUSTC_BOOTSTRAP=1
 export PATH="$root/.tools/bin:$PATH"
 cargo_fuzz_version=0.13.2
@@ -59,15 +64,16 @@ fi
 if [ "$merge" = 1 ]; then
   echo "fuzz: $(cargo-fuzz --version), merging found inputs into fuzz/corpus: ${targets[*]}"
 else
-  echo "fuzz: $(cargo-fuzz --version), sanitizer $sanitizer, ${seconds}s per target: ${targets[*]}"
+  echo "fuzz: $(cargo-fuzz --version), sanitizer $sanitizer, $build_kind build, ${seconds}s per target: ${targets[*]}"
 fi
 
-# A first build compiles every dependency with coverage instrumentation (about
-# ten minutes on two cores); later builds only what changed.
+# A first build compiles every dependency with coverage instrumentation (on
+# two busy cores: 16 min optimized, 6 min with --ci); later builds only
+# what changed.
 echo "fuzz: building the targets into fuzz/target"
 build_start=$(date +%s)
 set +e
-cargo fuzz build --sanitizer "$sanitizer" 2>&1 |
+cargo fuzz build "${profile[@]}" --sanitizer "$sanitizer" 2>&1 |
   grep --line-buffered -vE '^\s*(Downloaded|Downloading|Locking|Adding|Updating) '
 build_rc=${PIPESTATUS[0]}
 set -e
@@ -116,7 +122,7 @@ for t in "${targets[@]}"; do
   set +e
   # New inputs go to the first corpus directory only; -timeout makes an input
   # that takes over 10 s a finding; the pulse lines are the progress.
-  cargo fuzz run --sanitizer "$sanitizer" "$t" "$found" "fuzz/corpus/$t" -- \
+  cargo fuzz run "${profile[@]}" --sanitizer "$sanitizer" "$t" "$found" "fuzz/corpus/$t" -- \
     -max_total_time="$seconds" -timeout=10 -print_final_stats=1 "${dict[@]}" 2>&1 |
     tee "$log" | grep --line-buffered -E 'pulse|DONE|^==[0-9]+==|SUMMARY|Test unit written' |
     sed -u "s/^/fuzz: $t: /"
@@ -135,7 +141,7 @@ for t in "${targets[@]}"; do
       tail -n 15 "$log" | sed "s/^/fuzz: $t: /"
     fi
     for a in $(grep -Eo 'Test unit written to [^ ]+' "$log" | awk '{print $5}'); do
-      echo "fuzz: $t: reproduce: RUSTC_BOOTSTRAP=1 PATH=.tools/bin:\$PATH cargo fuzz run --sanitizer $sanitizer $t ${a#"$root"/}"
+      echo "fuzz: $t: reproduce: RUSTC_BOOTSTRAP=1 PATH=.tools/bin:\$PATH cargo fuzz run ${profile[*]} --sanitizer $sanitizer $t ${a#"$root"/}"
     done
   fi
   rows+=("$(printf '%-14s %8s %12s %8s %12s  %s' "$t" "$seconds" "${execs:-?}" "${rate:-?}" "${corpus:-?}" "$findings")")
