@@ -17,6 +17,13 @@ cargo clippy --workspace --all-targets --features adspend-tests/failpoints -- -D
 features=(--features adspend-tests/failpoints)
 echo "test: building service binaries (the integration suite runs them as processes)"
 cargo build --workspace --bins "${features[@]}"
+# A short fuzzing pass of every target (docs/FUZZING.md); a finding fails the
+# run but the tests still run. ADSPEND_SKIP_FUZZ=1 leaves it out.
+fuzz_status=0
+if [ "${ADSPEND_SKIP_FUZZ:-0}" != 1 ]; then
+  echo "test: fuzzing, 20 s per target (scripts/fuzz.sh --ci)"
+  bash scripts/fuzz.sh --ci || fuzz_status=$?
+fi
 echo "test: cargo test"
 # Integration tests each start their own servers; three at a time fits 2 cores.
 log=$(mktemp)
@@ -44,6 +51,11 @@ if [ "${ADSPEND_SKIP_CLUSTER:-0}" != 1 ]; then
   [ "$cluster_status" -eq 0 ] || status=$cluster_status
   ADSPEND_CLUSTER_PROJECT=adspendtest bash scripts/cluster.sh down >/dev/null 2>&1 || true
   echo "test: cluster phase took $(( $(date +%s) - phase_start ))s"
+fi
+if [ "$fuzz_status" -ne 0 ]; then
+  echo "test: fuzzing failed (exit $fuzz_status, output above)" | tee -a "$log"
+  echo "1 failed;" >>"$log"
+  status=1
 fi
 passed=$(grep -Eo '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s += $1} END {print s + 0}')
