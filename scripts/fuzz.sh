@@ -12,8 +12,9 @@
 # after the other. Each run reads the committed seeds in fuzz/corpus/<target>
 # and keeps what it finds new in fuzz/target/corpus/<target>; a crash is saved
 # under fuzz/artifacts/<target>/ and makes the script exit 1. --ci builds
-# without optimization (a first build takes a third of the time; runs are
-# 20-30 times slower, enough to replay the corpus and explore a little).
+# without optimization (a first build costs a third less; runs are 10-25
+# times slower, enough to replay the corpus and explore a little) so that
+# it stays under 8 minutes from a fresh clone.
 # --merge shrinks
 # fuzz/target/corpus/<target> with `cargo fuzz cmin`, then adds to
 # fuzz/corpus/<target> the fewest inputs that reach the edges it lacks.
@@ -67,9 +68,8 @@ else
   echo "fuzz: $(cargo-fuzz --version), sanitizer $sanitizer, $build_kind build, ${seconds}s per target: ${targets[*]}"
 fi
 
-# A first build compiles every dependency with coverage instrumentation (on
-# two busy cores: 16 min optimized, 6 min with --ci); later builds only
-# what changed.
+# A first build compiles every dependency with coverage instrumentation
+# (4 to 6 minutes on two cores); later builds only what changed.
 echo "fuzz: building the targets into fuzz/target"
 build_start=$(date +%s)
 set +e
