@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # The local pipeline on embedded defaults: NATS + limiter + aggregator + pacer
 # on this machine (file:// snapshots, checkpoint records in the data dir),
-# the ad-server simulator against it, and the pacer's per-limit spend printed
-# next to the ground truth.
+# simulated ad servers against it, and the pacer's per-limit spend printed
+# next to the budgets and the ground truth.
 #
-#   DEMO_EVENTS=200000 DEMO_BATCH=100 scripts/demo.sh
+# By default the ad servers ask the pacer before they serve (closed loop,
+# `adsim serve`): a day of traffic compressed into DEMO_DAY, each server
+# serving an ad only when the pacer says it is servable, with probability
+# equal to its multiplier; exhausted limits stop being served.
+#
+#   DEMO_DAY=60s DEMO_PEAK_RATE=2000 scripts/demo.sh
+#
+# DEMO_MODE=open publishes regardless of budgets instead (`adsim run`, the
+# throughput demo): DEMO_EVENTS=200000 DEMO_BATCH=100 DEMO_MODE=open scripts/demo.sh
 #
 # Services keep running for the dashboard when started from a terminal
 # (Ctrl-C stops them); otherwise the script stops them and exits.
@@ -13,11 +21,14 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 events=${DEMO_EVENTS:-200000}
 batch=${DEMO_BATCH:-100}
+mode=${DEMO_MODE:-closed}
+day=${DEMO_DAY:-60s}
+peak_rate=${DEMO_PEAK_RATE:-2000}
 out="$root/demo-out"
 
 bash scripts/install-deps.sh run
-echo "demo: building (release)"
-cargo build --release --workspace --bins --quiet
+echo "demo: building (release; the first build takes several minutes)"
+cargo build --release --workspace --bins
 bin="$root/target/release"
 
 for port in 4222 8222 8080 9101 9102 9103; do
@@ -65,10 +76,16 @@ if ! curl -sf http://127.0.0.1:8080/healthz >/dev/null; then
   exit 1
 fi
 
-echo "demo: publishing $events impressions (5% duplicates, 1% bad, $batch per message)"
 start_ns=$(date +%s%N)
-"$bin/adsim" run --catalog "$out/catalog.json" --truth-out "$out/truth.json" \
-  --events "$events" --duplicate-rate 0.05 --bad-rate 0.01 --batch "$batch" --seed 7
+if [ "$mode" = open ]; then
+  echo "demo: publishing $events impressions (5% duplicates, 1% bad, $batch per message), regardless of budgets"
+  "$bin/adsim" run --catalog "$out/catalog.json" --truth-out "$out/truth.json" \
+    --events "$events" --duplicate-rate 0.05 --bad-rate 0.01 --batch "$batch" --seed 7
+else
+  echo "demo: ad servers asking the pacer before they serve, a day compressed into $day (peak $peak_rate requests/s)"
+  "$bin/adsim" serve --catalog "$out/catalog.json" --truth-out "$out/truth.json" \
+    --pacer-url http://127.0.0.1:8080 --day "$day" --peak-rate "$peak_rate" --seed 7
+fi
 "$bin/adcheck" --truth "$out/truth.json" --timeout 120 --show 15
 end_ns=$(date +%s%N)
 python3 - "$out/truth.json" "$start_ns" "$end_ns" <<'PY'
@@ -77,6 +94,30 @@ stats = json.load(open(sys.argv[1]))["stats"]
 secs = (int(sys.argv[3]) - int(sys.argv[2])) / 1e9
 print(f"demo: {stats['events_sent']} events published, pipeline equal to the truth after {secs:.1f}s "
       f"({stats['events_sent'] / secs:,.0f} events/s end to end)")
+PY
+echo "demo: spend against budgets (the 15 limits with the most spend for their budget):"
+python3 - <<'PY'
+import json, urllib.request
+limits, after = [], None
+while True:
+    url = "http://127.0.0.1:8080/v1/limits?limit=1000" + (f"&after={after}" if after else "")
+    page = json.load(urllib.request.urlopen(url))
+    limits += page["limits"]
+    after = page.get("next")
+    if not after:
+        break
+limits.sort(key=lambda l: l["spend_micros"] / l["budget_micros"], reverse=True)
+print(f"{'limit':<14} {'period':<9} {'budget':>12} {'spend':>12} {'% of budget':>11} {'over by':>9} {'bound':>9}  state")
+for l in limits[:15]:
+    over = max(0, l["spend_micros"] - l["budget_micros"])
+    state = "exhausted" if l["exhausted"] else f"multiplier {l['pacing']['multiplier']:.2f}"
+    print(f"{l['limit_id']:<14} {l['period']:<9} {l['budget_micros']/1e6:>12.2f} {l['spend_micros']/1e6:>12.2f} "
+          f"{100*l['spend_micros']/l['budget_micros']:>10.1f}% {over/1e6:>9.2f} {l['overspend_bound_micros']/1e6:>9.2f}  {state}")
+exhausted = sum(l["exhausted"] for l in limits)
+over = [l for l in limits if l["spend_micros"] > l["budget_micros"]]
+worst = max((100 * (l["spend_micros"] - l["budget_micros"]) / l["budget_micros"] for l in over), default=0.0)
+print(f"demo: {len(limits)} limits, {exhausted} exhausted (stopped by the pacer), "
+      f"{len(over)} over budget (worst by {worst:.2f}% of its budget); amounts in currency units")
 PY
 echo "demo: dead letters by reason:"
 curl -s http://127.0.0.1:9101/metrics | grep '^adspend_rejected_total' || true

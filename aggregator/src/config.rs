@@ -5,11 +5,13 @@ use std::time::Duration;
 use adspend_common::config::{
     data_dir_or_default, parse_addr, EtcdArgs, NatsArgs, PartitionArgs, StreamArgs,
 };
+use adspend_common::env;
 use adspend_common::Error;
 use clap::Parser;
 
 use crate::apply::DedupeLimits;
 use crate::shard::Settings;
+use crate::snapshot_store::SnapshotStore;
 
 /// Which partitions this aggregator applies.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,9 +20,36 @@ pub enum Ownership {
     All,
     /// A fixed list, as one shard.
     Fixed(Vec<u32>),
-    /// Assigned through etcd among the live aggregators; each partition is
-    /// a shard of its own.
-    Cluster,
+    /// Assigned through etcd among the live aggregators, this one joining
+    /// as `member_id`; each partition is a shard of its own.
+    Cluster { member_id: String },
+}
+
+impl Ownership {
+    /// The shard name of a single-shard aggregator: the unit of ownership,
+    /// checkpoints and pushes.
+    pub fn shard(&self) -> String {
+        match self {
+            Ownership::Fixed(list) => format!(
+                "p{}",
+                list.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join("-")
+            ),
+            Ownership::All | Ownership::Cluster { .. } => "all".to_string(),
+        }
+    }
+}
+
+/// The settings once validated: what [`Config`] holds, with every value
+/// that needs parsing parsed, once.
+#[derive(Clone, Debug)]
+pub struct Validated {
+    pub config: Config,
+    pub ownership: Ownership,
+    pub snapshots: SnapshotStore,
+    pub metrics_addr: SocketAddr,
 }
 
 /// Sums spend per limit in LMDB, snapshots it to object storage on each
@@ -38,76 +67,85 @@ pub struct Config {
     pub partitions: PartitionArgs,
     /// Snapshot store: file:///dir or s3://bucket/prefix (AWS_* env for S3).
     /// Default: file://<data dir>/snapshots.
-    #[arg(long, env = "ADSPEND_OBJECT_STORE_URL")]
+    #[arg(long, env = env::OBJECT_STORE_URL)]
     pub object_store_url: Option<String>,
     /// Local state directory (LMDB). Default: ./data/aggregator.
-    #[arg(long, env = "ADSPEND_DATA_DIR")]
+    #[arg(long, env = env::DATA_DIR)]
     pub data_dir: Option<PathBuf>,
     /// Prometheus /metrics listen address.
-    #[arg(long, env = "ADSPEND_METRICS_ADDR", default_value = "127.0.0.1:9102")]
+    #[arg(long, env = env::METRICS_ADDR, default_value = "127.0.0.1:9102")]
     pub metrics_addr: String,
     /// Partitions this aggregator owns: "all", a comma-separated list, or
     /// "auto" (cluster mode: partitions spread over the live aggregators
     /// through etcd; needs ADSPEND_ETCD_ENDPOINTS).
-    #[arg(long, env = "ADSPEND_AGGREGATOR_PARTITIONS", default_value = "all")]
+    #[arg(long, env = env::AGGREGATOR_PARTITIONS, default_value = "all")]
     pub owned_partitions: String,
     /// Cluster mode: this aggregator's member id (letters, digits, '.', '_',
     /// '-'; at most 64). Default: the host name.
-    #[arg(long, env = "ADSPEND_AGGREGATOR_ID")]
+    #[arg(long, env = env::AGGREGATOR_ID)]
     pub aggregator_id: Option<String>,
     /// Cluster mode: TTL of the membership lease, milliseconds. A member
     /// silent for this long loses its partitions to the others; it stops
     /// applying once keepalives have gone unanswered for half of it.
-    #[arg(long, env = "ADSPEND_LEASE_TTL_MS", default_value_t = 5_000,
+    #[arg(long, env = env::LEASE_TTL_MS, default_value_t = 5_000,
           value_parser = clap::value_parser!(u64).range(2_000..=600_000))]
     pub lease_ttl_ms: u64,
     /// Dedupe window in stream time, milliseconds.
-    #[arg(long, env = "ADSPEND_DEDUPE_WINDOW_MS", default_value_t = 3_600_000,
+    #[arg(long, env = env::DEDUPE_WINDOW_MS, default_value_t = 3_600_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub dedupe_window_ms: u64,
     /// Most message ids kept for deduplication.
-    #[arg(long, env = "ADSPEND_DEDUPE_MAX_IDS", default_value_t = 50_000_000,
+    #[arg(long, env = env::DEDUPE_MAX_IDS, default_value_t = 50_000_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub dedupe_max_ids: u64,
     /// Interval between pushes of changed sums to the pacer, milliseconds.
-    #[arg(long, env = "ADSPEND_PUSH_INTERVAL_MS", default_value_t = 50,
+    #[arg(long, env = env::PUSH_INTERVAL_MS, default_value_t = 50,
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub push_interval_ms: u64,
     /// Older snapshots kept besides the newest.
-    #[arg(long, env = "ADSPEND_SNAPSHOTS_KEPT", default_value_t = 2)]
+    #[arg(long, env = env::SNAPSHOTS_KEPT, default_value_t = 2)]
     pub snapshots_kept: usize,
     /// Incremental checkpoints on one base snapshot before the next
     /// checkpoint copies a new base (0: every checkpoint is a full copy).
-    #[arg(long, env = "ADSPEND_CHECKPOINT_MAX_DELTAS", default_value_t = 30,
+    #[arg(long, env = env::CHECKPOINT_MAX_DELTAS, default_value_t = 30,
           value_parser = clap::value_parser!(u64).range(0..=1000))]
     pub checkpoint_max_deltas: u64,
     /// LMDB map size in GiB (address space; the file grows as needed).
-    #[arg(long, env = "ADSPEND_LMDB_MAP_GIB", default_value_t = 64,
+    #[arg(long, env = env::LMDB_MAP_GIB, default_value_t = 64,
           value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub lmdb_map_gib: u64,
 }
 
 impl Config {
     /// Everything that can be checked before touching the network.
-    pub fn validate(&self) -> Result<SocketAddr, Error> {
+    pub fn validate(self) -> Result<Validated, Error> {
         self.etcd.validate()?;
-        if self.ownership()? == Ownership::Cluster {
+        let ownership = self.ownership()?;
+        if let Ownership::Cluster { .. } = ownership {
             if self.etcd.endpoints().is_empty() {
                 return Err(Error::Config {
-                    name: "ADSPEND_AGGREGATOR_PARTITIONS",
+                    name: env::AGGREGATOR_PARTITIONS,
                     value: self.owned_partitions.clone(),
                     reason: "\"auto\" assigns partitions through etcd: set ADSPEND_ETCD_ENDPOINTS"
                         .into(),
                 });
             }
-            self.member_id()?;
         }
-        parse_addr("ADSPEND_METRICS_ADDR", &self.metrics_addr)
+        let snapshots = SnapshotStore::from_url(&self.object_store_url())?;
+        let metrics_addr = parse_addr(env::METRICS_ADDR, &self.metrics_addr)?;
+        Ok(Validated {
+            config: self,
+            ownership,
+            snapshots,
+            metrics_addr,
+        })
     }
 
-    pub fn ownership(&self) -> Result<Ownership, Error> {
+    fn ownership(&self) -> Result<Ownership, Error> {
         Ok(match self.owned_partitions.trim() {
-            "auto" => Ownership::Cluster,
+            "auto" => Ownership::Cluster {
+                member_id: self.member_id()?,
+            },
             _ => match self.owned()? {
                 None => Ownership::All,
                 Some(list) => Ownership::Fixed(list),
@@ -116,7 +154,7 @@ impl Config {
     }
 
     /// The member id in cluster mode: the setting, else the host name.
-    pub fn member_id(&self) -> Result<String, Error> {
+    fn member_id(&self) -> Result<String, Error> {
         let id = match &self.aggregator_id {
             Some(id) => id.trim().to_string(),
             None => std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -130,7 +168,7 @@ impl Config {
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
         if !valid {
             return Err(Error::Config {
-                name: "ADSPEND_AGGREGATOR_ID",
+                name: env::AGGREGATOR_ID,
                 value: id,
                 reason: "1 to 64 letters, digits, '.', '_' or '-'".into(),
             });
@@ -164,13 +202,13 @@ impl Config {
     }
 
     /// Owned partitions of a fixed list, or `None` for all (and for auto).
-    pub fn owned(&self) -> Result<Option<Vec<u32>>, Error> {
+    fn owned(&self) -> Result<Option<Vec<u32>>, Error> {
         let value = self.owned_partitions.trim();
         if value == "all" || value == "auto" {
             return Ok(None);
         }
         let bad = |reason: String| Error::Config {
-            name: "ADSPEND_AGGREGATOR_PARTITIONS",
+            name: env::AGGREGATOR_PARTITIONS,
             value: value.to_string(),
             reason,
         };
@@ -193,20 +231,6 @@ impl Config {
         Ok(Some(owned))
     }
 
-    /// The shard name: the unit of ownership, checkpoints and pushes.
-    pub fn shard(&self) -> String {
-        match self.owned() {
-            Ok(Some(list)) => format!(
-                "p{}",
-                list.iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join("-")
-            ),
-            _ => "all".to_string(),
-        }
-    }
-
     pub fn dedupe(&self) -> DedupeLimits {
         DedupeLimits {
             window_ms: self.dedupe_window_ms,
@@ -216,5 +240,59 @@ impl Config {
 
     pub fn push_interval(&self) -> Duration {
         Duration::from_millis(self.push_interval_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn validate(args: &[&str]) -> Result<Validated, Error> {
+        let dir = tempfile::tempdir().unwrap();
+        let store = format!("--object-store-url=file://{}", dir.path().display());
+        let mut all = vec!["aggregator", store.as_str()];
+        all.extend_from_slice(args);
+        Config::try_parse_from(all).unwrap().validate()
+    }
+
+    #[test]
+    fn ownership_is_parsed_once_into_the_validated_settings() {
+        let fixed = validate(&["--owned-partitions=3, 1,3"]).unwrap();
+        assert_eq!(fixed.ownership, Ownership::Fixed(vec![1, 3]));
+        assert_eq!(fixed.ownership.shard(), "p1-3");
+        assert_eq!(validate(&[]).unwrap().ownership.shard(), "all");
+        let cluster = validate(&[
+            "--owned-partitions=auto",
+            "--etcd-endpoints=127.0.0.1:2379",
+            "--aggregator-id=agg-1",
+        ])
+        .unwrap();
+        assert_eq!(
+            cluster.ownership,
+            Ownership::Cluster {
+                member_id: "agg-1".into()
+            }
+        );
+    }
+
+    #[test]
+    fn bad_ownership_settings_are_config_errors() {
+        for args in [
+            &["--owned-partitions=16"][..],
+            &["--owned-partitions=x"],
+            &["--owned-partitions=auto"],
+            &[
+                "--owned-partitions=auto",
+                "--etcd-endpoints=127.0.0.1:2379",
+                "--aggregator-id=a/b",
+            ],
+        ] {
+            let error = validate(args).unwrap_err();
+            assert_eq!(
+                error.exit_code(),
+                adspend_common::error::EXIT_BAD_SETTING,
+                "{args:?}: {error}"
+            );
+        }
     }
 }

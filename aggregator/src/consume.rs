@@ -27,11 +27,16 @@ pub async fn check_bounds(stream: &mut Stream, last_applied: u64) -> Result<u64,
     let info = stream
         .info()
         .await
-        .map_err(|e| Error::Consumer(format!("stream info: {e}")))?;
+        .map_err(Error::consumer("stream info"))?;
     let (first_seq, last_seq) = (info.state.first_sequence, info.state.last_sequence);
     let needed = last_applied + 1;
     if last_seq < last_applied {
         metrics::counter!(STREAM_INTEGRITY_ERRORS_TOTAL, "kind" => "log_backwards").increment(1);
+        tracing::error!(
+            last_seq,
+            last_applied,
+            "SPEND went back below what was applied; stopping"
+        );
         return Err(Error::LogBackwards {
             last_seq,
             last_applied,
@@ -41,6 +46,12 @@ pub async fn check_bounds(stream: &mut Stream, last_applied: u64) -> Result<u64,
     // unless messages we still need were deleted.
     if first_seq > needed && last_seq >= needed {
         metrics::counter!(STREAM_INTEGRITY_ERRORS_TOTAL, "kind" => "retention_gap").increment(1);
+        tracing::error!(
+            first_seq,
+            needed,
+            last_applied,
+            "SPEND lost messages not yet applied (retention gap); stopping"
+        );
         return Err(Error::RetentionGap {
             first_seq,
             needed,
@@ -84,9 +95,7 @@ impl Consumer {
             if !first {
                 match check_bounds(&mut self.stream, self.next_seq - 1).await {
                     Ok(_) => {}
-                    Err(e @ (Error::RetentionGap { .. } | Error::LogBackwards { .. })) => {
-                        return Err(e)
-                    }
+                    Err(e) if !e.is_retryable() => return Err(e),
                     Err(e) => tracing::warn!(error = %e, "SPEND bounds check failed; retrying"),
                 }
             }
@@ -121,7 +130,7 @@ impl Consumer {
                     // quiet. Look at its bounds now and then.
                     _ = integrity.tick() => {
                         match check_bounds(&mut self.stream, self.next_seq - 1).await {
-                            Err(e @ (Error::RetentionGap { .. } | Error::LogBackwards { .. })) => return Err(e),
+                            Err(e) if !e.is_retryable() => return Err(e),
                             // Messages wait in the stream but none arrive: the
                             // consumer was lost (a server restart); recreate it.
                             Ok(last) if last >= self.next_seq && last_received.elapsed() >= STALL => {
@@ -142,7 +151,7 @@ impl Consumer {
                 };
                 let info = message
                     .info()
-                    .map_err(|e| Error::Consumer(format!("message metadata: {e}")))?;
+                    .map_err(Error::consumer("message metadata"))?;
                 let seq = info.stream_sequence;
                 last_received = Instant::now();
                 if seq < self.next_seq {
@@ -155,10 +164,10 @@ impl Consumer {
                     && (self.owned.is_none() || last_gap_check.is_none_or(|t| t.elapsed() >= STALL))
                 {
                     last_gap_check = Some(Instant::now());
-                    if let Err(e @ (Error::RetentionGap { .. } | Error::LogBackwards { .. })) =
-                        check_bounds(&mut self.stream, self.next_seq - 1).await
-                    {
-                        return Err(e);
+                    match check_bounds(&mut self.stream, self.next_seq - 1).await {
+                        Err(e) if !e.is_retryable() => return Err(e),
+                        // Unreachable for now: the next message or tick looks again.
+                        _ => {}
                     }
                 }
                 let decoded = match decode_spend(&message.payload) {

@@ -1,5 +1,6 @@
 use std::path::PathBuf;
 
+use adspend_common::error::{BoxError, Causes};
 use adspend_common::Error as CommonError;
 
 #[derive(Debug, thiserror::Error)]
@@ -38,8 +39,12 @@ pub enum Error {
     #[error("SPEND log went backwards: stream ends at sequence {last_seq} but the aggregator already applied {last_applied}; refusing to continue")]
     LogBackwards { last_seq: u64, last_applied: u64 },
 
-    #[error("SPEND consumer: {0}")]
-    Consumer(String),
+    #[error("SPEND consumer: {what}: {}", Causes(source.as_ref()))]
+    Consumer {
+        what: &'static str,
+        #[source]
+        source: BoxError,
+    },
 
     #[error("snapshot {key} does not match its checkpoint record: {reason}")]
     SnapshotMismatch { key: String, reason: String },
@@ -50,19 +55,25 @@ pub enum Error {
     #[error("aggregator id {id:?}: {reason}")]
     Membership { id: String, reason: String },
 
-    #[error("{0} task failed: {1}")]
-    Task(&'static str, String),
+    #[error("{what} task failed: {}", Causes(source.as_ref()))]
+    Task {
+        what: &'static str,
+        #[source]
+        source: BoxError,
+    },
 }
 
 impl Error {
-    /// Whether the aggregator must stop: the data or the local state is not
-    /// what it must be (a retention gap, a snapshot that does not verify,
-    /// LMDB or disk failing, a sum that would overflow). The others (etcd,
-    /// NATS or the object store unreachable for a while, ownership moving)
-    /// are retried.
-    pub fn is_fatal(&self) -> bool {
-        use adspend_common::Error as C;
+    /// Whether the same step may succeed later by itself: NATS, etcd or the
+    /// object store away or slow, a task that died with it. Not retryable:
+    /// the data or the local state is not what it must be (a retention gap,
+    /// a snapshot that does not verify, LMDB or the disk failing, a sum
+    /// that would overflow), a bad setting, or ownership gone
+    /// ([`Error::lost_ownership`]).
+    pub fn is_retryable(&self) -> bool {
         match self {
+            Error::Common(e) => e.is_retryable(),
+            Error::Consumer { .. } | Error::Task { .. } => true,
             Error::Lmdb { .. }
             | Error::OldFormat(_)
             | Error::CorruptValue { .. }
@@ -70,17 +81,117 @@ impl Error {
             | Error::RetentionGap { .. }
             | Error::LogBackwards { .. }
             | Error::SnapshotMismatch { .. }
-            | Error::Membership { .. } => true,
-            Error::Common(e) => matches!(
-                e,
-                C::SnapshotCorrupt { .. } | C::Decode { .. } | C::Config { .. } | C::Io { .. }
-            ),
-            Error::Consumer(_) | Error::Task(..) | Error::LeaseLost { .. } => false,
+            | Error::Membership { .. }
+            | Error::LeaseLost { .. } => false,
+        }
+    }
+
+    /// The shard is someone else's now (its lease lapsed, or a newer owner
+    /// epoch fenced it): stop applying it, which is no failure of ours.
+    pub fn lost_ownership(&self) -> bool {
+        match self {
+            Error::LeaseLost { .. } => true,
+            Error::Common(e) => e.is_fenced(),
+            _ => false,
+        }
+    }
+
+    /// Whether the aggregator must stop: neither retryable nor a move of
+    /// ownership.
+    pub fn is_fatal(&self) -> bool {
+        !self.is_retryable() && !self.lost_ownership()
+    }
+
+    /// How the process ends when this error reaches `main`.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Common(e) => e.exit_code(),
+            _ => adspend_common::error::EXIT_FAILURE,
         }
     }
 
     pub fn lmdb(path: &std::path::Path, op: &'static str) -> impl FnOnce(heed::Error) -> Self {
         let path = path.to_path_buf();
         move |source| Error::Lmdb { path, op, source }
+    }
+
+    pub fn consumer<E: Into<BoxError>>(what: &'static str) -> impl FnOnce(E) -> Self {
+        move |source| Error::Consumer {
+            what,
+            source: source.into(),
+        }
+    }
+
+    pub fn task<E: Into<BoxError>>(what: &'static str) -> impl FnOnce(E) -> Self {
+        move |source| Error::Task {
+            what,
+            source: source.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use adspend_common::error::{EXIT_BAD_SETTING, EXIT_FAILURE};
+
+    #[test]
+    fn outages_are_retried_ownership_moves_let_go_and_bad_data_stops() {
+        let etcd_timeout = Error::Common(CommonError::Timeout {
+            what: "etcd reconcile".into(),
+            after: std::time::Duration::from_secs(1),
+        });
+        let consumer = Error::consumer("stream info")(std::io::Error::other("no responders"));
+        for e in [&etcd_timeout, &consumer] {
+            assert!(
+                e.is_retryable() && !e.is_fatal() && !e.lost_ownership(),
+                "{e}"
+            );
+        }
+
+        let lease = Error::LeaseLost { shard: "p1".into() };
+        let fenced = Error::Common(CommonError::Fenced {
+            shard: "p1".into(),
+            ours: 3,
+            current: "4".into(),
+        });
+        for e in [&lease, &fenced] {
+            assert!(
+                e.lost_ownership() && !e.is_retryable() && !e.is_fatal(),
+                "{e}"
+            );
+        }
+
+        let gap = Error::RetentionGap {
+            first_seq: 10,
+            needed: 5,
+            last_applied: 4,
+        };
+        let disk = Error::Common(CommonError::io("fsync", "/data")(std::io::Error::other(
+            "EIO",
+        )));
+        for e in [&gap, &disk] {
+            assert!(e.is_fatal() && !e.is_retryable(), "{e}");
+            assert_eq!(e.exit_code(), EXIT_FAILURE, "{e}");
+        }
+    }
+
+    #[test]
+    fn a_bad_setting_exits_64_through_the_wrapper() {
+        let e = Error::Common(CommonError::Config {
+            name: "ADSPEND_AGGREGATOR_ID",
+            value: "a/b".into(),
+            reason: "letters".into(),
+        });
+        assert_eq!(e.exit_code(), EXIT_BAD_SETTING);
+        assert!(e.is_fatal());
+    }
+
+    #[test]
+    fn a_task_error_keeps_its_source() {
+        let e = Error::task("writer")(std::io::Error::other("no threads"));
+        let source = std::error::Error::source(&e).expect("a source");
+        assert_eq!(source.to_string(), "no threads");
+        assert_eq!(e.to_string(), "writer task failed: no threads");
     }
 }

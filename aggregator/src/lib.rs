@@ -34,28 +34,65 @@ pub mod shard;
 pub mod snapshot_store;
 pub mod store;
 
-use crate::record::CheckpointStore;
-use crate::snapshot_store::SnapshotStore;
-use adspend_common::nats;
-use tokio_util::sync::CancellationToken;
+use std::net::SocketAddr;
 
-pub use config::{Config, Ownership};
+use crate::record::CheckpointStore;
+use adspend_common::nats;
+use adspend_common::service::{self, Context, Service};
+
+pub use config::{Config, Ownership, Validated};
 pub use error::Error;
 
-/// Run until `shutdown` or a fatal error (fenced, stream integrity, LMDB).
-pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
-    config.validate()?;
-    let ownership = config.ownership()?;
-    let snapshots = SnapshotStore::from_url(&config.object_store_url())?;
+impl Service for Validated {
+    const NAME: &'static str = "aggregator";
+    type Config = Config;
+    type Listeners = ();
+    type Error = Error;
+
+    fn validate(config: Config) -> Result<Self, Error> {
+        Ok(config.validate()?)
+    }
+
+    fn metrics_addr(&self) -> SocketAddr {
+        self.metrics_addr
+    }
+
+    async fn bind(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn run(self, _: (), context: Context) -> Result<(), Error> {
+        run(self, context).await
+    }
+}
+
+impl service::Failure for Error {
+    fn exit_code(&self) -> u8 {
+        Error::exit_code(self)
+    }
+}
+
+/// Run until `context.shutdown` or a fatal error (fenced, stream integrity,
+/// LMDB).
+pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
+    let Validated {
+        config,
+        ownership,
+        snapshots,
+        ..
+    } = validated;
+    let Context { shutdown, tasks } = context;
     let client = nats::connect(&config.nats, "adspend-aggregator").await?;
+    let name = ownership.shard();
     let partitions = match ownership {
-        Ownership::Cluster => return cluster::run(&config, snapshots, client, shutdown).await,
+        Ownership::Cluster { member_id } => {
+            return cluster::run(&config, member_id, snapshots, client, shutdown, tasks).await
+        }
         Ownership::All => None,
         Ownership::Fixed(list) => Some(list),
     };
     let data_dir = config.data_dir();
-    let name = config.shard();
-    let records = CheckpointStore::open(&config.etcd.endpoints(), &data_dir, &name).await?;
+    let records = CheckpointStore::open_with(&config.etcd, &data_dir, &name).await?;
     let spec = shard::Spec {
         name,
         partitions,

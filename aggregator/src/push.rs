@@ -60,7 +60,7 @@ impl Pusher {
             .client
             .subscribe(SUMS_RESYNC_SUBJECT)
             .await
-            .map_err(|e| Error::Task("pusher", format!("subscribe {SUMS_RESYNC_SUBJECT}: {e}")))?;
+            .map_err(Error::task("pusher subscription to sums resync requests"))?;
         let mut ticker = tokio::time::interval(self.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // A pacer that started before us has no state from us yet.

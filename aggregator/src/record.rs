@@ -72,12 +72,7 @@ impl std::fmt::Debug for CheckpointStore {
 }
 
 fn etcd_err(op: &'static str, key: &str) -> impl FnOnce(etcd_client::Error) -> Error {
-    let key = key.to_string();
-    move |e| Error::Etcd {
-        op,
-        key,
-        reason: e.to_string(),
-    }
+    Error::etcd(op, key)
 }
 
 /// An owner epoch as stored; anything else is an error naming where it was
@@ -94,9 +89,20 @@ fn parse_epoch(source: &str, bytes: &[u8]) -> Result<u64> {
 }
 
 impl CheckpointStore {
-    /// etcd when endpoints are given, else files under `data_dir/checkpoint`.
+    /// [`CheckpointStore::open_with`] plain endpoints, without TLS.
     pub async fn open(etcd_endpoints: &[String], data_dir: &Path, shard: &str) -> Result<Self> {
-        if etcd_endpoints.is_empty() {
+        let etcd = adspend_common::config::EtcdArgs::plain(etcd_endpoints.join(","));
+        Self::open_with(&etcd, data_dir, shard).await
+    }
+
+    /// etcd when `etcd` names endpoints (over TLS when its settings say so),
+    /// else files under `data_dir/checkpoint`.
+    pub async fn open_with(
+        etcd: &adspend_common::config::EtcdArgs,
+        data_dir: &Path,
+        shard: &str,
+    ) -> Result<Self> {
+        if etcd.endpoints().is_empty() {
             let dir = data_dir.join("checkpoint");
             std::fs::create_dir_all(&dir).map_err(Error::io("create", &dir))?;
             return Ok(CheckpointStore::Local {
@@ -104,7 +110,7 @@ impl CheckpointStore {
                 shard: shard.to_string(),
             });
         }
-        let client = adspend_common::etcd::connect(etcd_endpoints).await?;
+        let client = adspend_common::etcd::connect(etcd).await?;
         Ok(Self::etcd(client, shard))
     }
 

@@ -125,8 +125,10 @@ async fn verify_and_apply_deltas(
     Ok(())
 }
 
-/// Open the shard's LMDB at `lmdb_dir`, restoring it first if needed.
-/// Blocking (file I/O and LMDB); the download runs on `runtime`.
+/// Open the shard's LMDB at `lmdb_dir`, restoring it first if needed: the
+/// record's base and deltas are downloaded from `snapshots`, verified and
+/// applied under `tmp_dir`, then swapped in for `lmdb_dir`. The downloads
+/// are awaited; the file and LMDB work in between runs on the calling task.
 pub async fn open_or_restore(
     lmdb_dir: &Path,
     tmp_dir: &Path,

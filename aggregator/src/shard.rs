@@ -156,9 +156,10 @@ pub async fn run(
         let cancel = cancel.clone();
         let shard = shard.clone();
         move |e: Error| {
-            match &e {
-                Error::LeaseLost { .. } => tracing::warn!(shard, error = %e, "shard stopping"),
-                _ => tracing::error!(shard, error = %e, "shard stopping"),
+            if e.lost_ownership() {
+                tracing::warn!(shard, error = %e, "shard stopping");
+            } else {
+                tracing::error!(shard, error = %e, "shard stopping");
             }
             failure.lock().expect("failure lock").get_or_insert(e);
             cancel.cancel();
@@ -183,7 +184,7 @@ pub async fn run(
                 writer_fail(e);
             }
         })
-        .map_err(|e| Error::Task("writer", e.to_string()))?;
+        .map_err(Error::task("writer"))?;
 
     nats::ensure_deadletter(&js, settings.stream_replicas).await?;
     let consumer = consume::Consumer {

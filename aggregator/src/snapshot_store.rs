@@ -12,6 +12,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use adspend_common::env;
 use adspend_common::error::{Error, Result};
 
 const CHUNK: usize = 8 * 1024 * 1024;
@@ -47,7 +48,7 @@ impl Checksum {
 impl SnapshotStore {
     pub fn from_url(url: &str) -> Result<Self> {
         let bad = |reason: String| Error::Config {
-            name: "ADSPEND_OBJECT_STORE_URL",
+            name: env::OBJECT_STORE_URL,
             value: url.to_string(),
             reason,
         };
@@ -105,14 +106,14 @@ impl SnapshotStore {
         ObjectPath::from_iter(parts)
     }
 
-    fn err(&self, op: &'static str, key: &str) -> impl FnOnce(String) -> Error {
+    fn err(&self, op: &'static str, key: &str) -> impl FnOnce(object_store::Error) -> Error {
         let url = self.url.clone();
         let key = key.to_string();
-        move |reason| Error::ObjectStore {
+        move |source| Error::ObjectStore {
             url,
             op,
             key,
-            reason,
+            source: Box::new(source),
         }
     }
 
@@ -126,7 +127,7 @@ impl SnapshotStore {
         self.store
             .put(&path, bytes.into())
             .await
-            .map_err(|e| self.err("upload", key)(e.to_string()))?;
+            .map_err(self.err("upload", key))?;
         self.sync_local(&path)?;
         Ok((size, checksum.finish()))
     }
@@ -155,7 +156,7 @@ impl SnapshotStore {
             .store
             .put_multipart(&path)
             .await
-            .map_err(|e| self.err("start upload of", key)(e.to_string()))?;
+            .map_err(self.err("start upload of", key))?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, CHUNK);
         let mut checksum = Checksum::default();
         let mut size = 0u64;
@@ -172,7 +173,7 @@ impl SnapshotStore {
             checksum.update(&buf[..n]);
             size += n as u64;
             if let Err(e) = writer.wait_for_capacity(4).await {
-                return Err(self.err("upload", key)(e.to_string()));
+                return Err(self.err("upload", key)(e));
             }
             writer.write(&buf[..n]);
             // Part of the object is in flight, the upload not completed.
@@ -181,7 +182,7 @@ impl SnapshotStore {
         writer
             .finish()
             .await
-            .map_err(|e| self.err("finish upload of", key)(e.to_string()))?;
+            .map_err(self.err("finish upload of", key))?;
         self.sync_local(&path)?;
         Ok((size, checksum.finish()))
     }
@@ -192,7 +193,7 @@ impl SnapshotStore {
             .store
             .get(&self.path(key))
             .await
-            .map_err(|e| self.err("download", key)(e.to_string()))?;
+            .map_err(self.err("download", key))?;
         let mut out = tokio::fs::File::create(dest)
             .await
             .map_err(Error::io("create", dest))?;
@@ -200,7 +201,7 @@ impl SnapshotStore {
         let mut checksum = Checksum::default();
         let mut size = 0u64;
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| self.err("download", key)(e.to_string()))?;
+            let chunk = chunk.map_err(self.err("download", key))?;
             checksum.update(&chunk);
             size += chunk.len() as u64;
             out.write_all(&chunk)
@@ -218,7 +219,7 @@ impl SnapshotStore {
         let mut keys = Vec::new();
         let mut stream = self.store.list(Some(&base));
         while let Some(meta) = stream.next().await {
-            let meta = meta.map_err(|e| self.err("list", dir)(e.to_string()))?;
+            let meta = meta.map_err(self.err("list", dir))?;
             let key: Vec<String> = meta
                 .location
                 .parts()
@@ -234,7 +235,7 @@ impl SnapshotStore {
     pub async fn delete(&self, key: &str) -> Result<()> {
         match self.store.delete(&self.path(key)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(self.err("delete", key)(e.to_string())),
+            Err(e) => Err(self.err("delete", key)(e)),
         }
     }
 }
@@ -275,7 +276,7 @@ mod tests {
     fn bad_urls_are_config_errors() {
         for url in ["http://x", "file://", "s3://"] {
             let err = SnapshotStore::from_url(url).unwrap_err().to_string();
-            assert!(err.contains("ADSPEND_OBJECT_STORE_URL"), "{err}");
+            assert!(err.contains(env::OBJECT_STORE_URL), "{err}");
         }
     }
 }

@@ -13,6 +13,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog::Catalog;
+use crate::config::EtcdArgs;
+use crate::env;
 use crate::error::{Error, Result};
 use crate::telemetry::{CATALOG_ERRORS_TOTAL, CATALOG_RELOADS_TOTAL};
 
@@ -21,35 +23,35 @@ const FILE_POLL: Duration = Duration::from_millis(500);
 #[derive(Clone, Debug, PartialEq)]
 pub enum CatalogSource {
     File(PathBuf),
-    Etcd { endpoints: Vec<String>, key: String },
+    Etcd { etcd: EtcdArgs, key: String },
 }
 
 impl CatalogSource {
     /// `etcd:///<key>` or a path.
-    pub fn parse(value: &str, etcd_endpoints: Vec<String>) -> Result<Self> {
+    pub fn parse(value: &str, etcd: &EtcdArgs) -> Result<Self> {
         if let Some(key) = value.strip_prefix("etcd://") {
-            if etcd_endpoints.is_empty() {
+            if etcd.endpoints().is_empty() {
                 return Err(Error::Config {
-                    name: "ADSPEND_CATALOG",
+                    name: env::CATALOG,
                     value: value.to_string(),
                     reason: "an etcd catalog needs ADSPEND_ETCD_ENDPOINTS".into(),
                 });
             }
             if !key.starts_with('/') || key.len() < 2 {
                 return Err(Error::Config {
-                    name: "ADSPEND_CATALOG",
+                    name: env::CATALOG,
                     value: value.to_string(),
                     reason: "expected etcd:///<key>, e.g. etcd:///adspend/catalog".into(),
                 });
             }
             return Ok(CatalogSource::Etcd {
-                endpoints: etcd_endpoints,
+                etcd: etcd.clone(),
                 key: key.to_string(),
             });
         }
         if value.is_empty() {
             return Err(Error::Config {
-                name: "ADSPEND_CATALOG",
+                name: env::CATALOG,
                 value: value.into(),
                 reason: "empty".into(),
             });
@@ -74,20 +76,12 @@ impl CatalogSource {
                 tokio::spawn(poll_file(path, stamp, tx, cancel));
                 Ok(rx)
             }
-            CatalogSource::Etcd { endpoints, key } => {
-                let mut client = crate::etcd::connect(&endpoints).await?;
-                let etcd_err = |op: &'static str, key: &str| {
-                    let key = key.to_string();
-                    move |e: etcd_client::Error| Error::Etcd {
-                        op,
-                        key,
-                        reason: e.to_string(),
-                    }
-                };
+            CatalogSource::Etcd { etcd, key } => {
+                let mut client = crate::etcd::connect(&etcd).await?;
                 let response = client
                     .get(key.as_str(), None)
                     .await
-                    .map_err(etcd_err("get", &key))?;
+                    .map_err(Error::etcd("get", &key))?;
                 let kv = response.kvs().first().ok_or_else(|| Error::Catalog {
                     source_name: format!("etcd://{key}"),
                     reason: "key not found".into(),
@@ -233,7 +227,7 @@ mod tests {
         let path = dir.path().join("catalog.json");
         std::fs::write(&path, ONE).unwrap();
         let cancel = CancellationToken::new();
-        let source = CatalogSource::parse(path.to_str().unwrap(), vec![]).unwrap();
+        let source = CatalogSource::parse(path.to_str().unwrap(), &EtcdArgs::default()).unwrap();
         let mut rx = source.watch(cancel.clone()).await.unwrap();
         assert_eq!(budget(&rx), 1);
 
@@ -261,17 +255,21 @@ mod tests {
     #[test]
     fn sources_parse_with_clear_errors() {
         assert_eq!(
-            CatalogSource::parse("etcd:///adspend/catalog", vec!["127.0.0.1:2379".into()]).unwrap(),
+            CatalogSource::parse(
+                "etcd:///adspend/catalog",
+                &EtcdArgs::plain("127.0.0.1:2379")
+            )
+            .unwrap(),
             CatalogSource::Etcd {
-                endpoints: vec!["127.0.0.1:2379".into()],
+                etcd: EtcdArgs::plain("127.0.0.1:2379"),
                 key: "/adspend/catalog".into()
             }
         );
-        let err = CatalogSource::parse("etcd:///adspend/catalog", vec![])
+        let err = CatalogSource::parse("etcd:///adspend/catalog", &EtcdArgs::default())
             .unwrap_err()
             .to_string();
-        assert!(err.contains("ADSPEND_ETCD_ENDPOINTS"), "{err}");
-        let err = CatalogSource::parse("etcd://", vec!["e:1".into()])
+        assert!(err.contains(env::ETCD_ENDPOINTS), "{err}");
+        let err = CatalogSource::parse("etcd://", &EtcdArgs::plain("e:1"))
             .unwrap_err()
             .to_string();
         assert!(err.contains("etcd:///<key>"), "{err}");

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::catalog_source::CatalogSource;
+use crate::env;
 use crate::error::Error;
 
 #[derive(Args, Clone)]
@@ -14,37 +15,37 @@ pub struct NatsArgs {
     /// NATS server URL(s), comma-separated.
     #[arg(
         long = "nats-url",
-        env = "ADSPEND_NATS_URL",
+        env = env::NATS_URL,
         default_value = "nats://127.0.0.1:4222"
     )]
     pub nats_url: String,
 
     /// NATS user name (a user of the server's config file); needs
     /// ADSPEND_NATS_PASSWORD. Unset: connect without credentials.
-    #[arg(long = "nats-user", env = "ADSPEND_NATS_USER")]
+    #[arg(long = "nats-user", env = env::NATS_USER)]
     pub nats_user: Option<String>,
 
     /// Password of ADSPEND_NATS_USER. Prefer the environment variable to the
     /// flag: a flag is visible in the process list. Never logged.
     #[arg(
         long = "nats-password",
-        env = "ADSPEND_NATS_PASSWORD",
+        env = env::NATS_PASSWORD,
         hide_env_values = true
     )]
     pub nats_password: Option<String>,
 
     /// PEM file of the CA(s) to trust for the NATS server's certificate.
     /// Set: TLS is required, a server that does not offer it is refused.
-    #[arg(long = "nats-tls-ca", env = "ADSPEND_NATS_TLS_CA")]
+    #[arg(long = "nats-tls-ca", env = env::NATS_TLS_CA)]
     pub nats_tls_ca: Option<PathBuf>,
 
     /// PEM client certificate, for a server that verifies clients (mutual
     /// TLS); needs ADSPEND_NATS_TLS_KEY.
-    #[arg(long = "nats-tls-cert", env = "ADSPEND_NATS_TLS_CERT")]
+    #[arg(long = "nats-tls-cert", env = env::NATS_TLS_CERT)]
     pub nats_tls_cert: Option<PathBuf>,
 
     /// PEM private key of ADSPEND_NATS_TLS_CERT.
-    #[arg(long = "nats-tls-key", env = "ADSPEND_NATS_TLS_KEY")]
+    #[arg(long = "nats-tls-key", env = env::NATS_TLS_KEY)]
     pub nats_tls_key: Option<PathBuf>,
 }
 
@@ -83,7 +84,7 @@ impl std::fmt::Debug for NatsArgs {
 pub struct StreamArgs {
     /// Replicas of the JetStream streams this service creates when they are
     /// missing (3 on a three-node NATS cluster; 1 on a single server).
-    #[arg(long = "stream-replicas", env = "ADSPEND_STREAM_REPLICAS", default_value_t = 1,
+    #[arg(long = "stream-replicas", env = env::STREAM_REPLICAS, default_value_t = 1,
           value_parser = clap::value_parser!(u8).range(1..=5))]
     pub stream_replicas: u8,
 }
@@ -94,7 +95,7 @@ impl StreamArgs {
     }
 }
 
-#[derive(Args, Clone, Debug)]
+#[derive(Args, Clone, Debug, Default, PartialEq)]
 pub struct EtcdArgs {
     /// Comma-separated etcd endpoints; empty means single-machine mode
     /// (checkpoint records kept in the data directory).
@@ -104,9 +105,39 @@ pub struct EtcdArgs {
         default_value = ""
     )]
     pub etcd_endpoints: String,
+
+    /// PEM file of the CA(s) to trust for etcd's server certificate. Set:
+    /// every endpoint is reached over TLS (`https://`, or no scheme).
+    #[arg(long = "etcd-tls-ca", env = "ADSPEND_ETCD_TLS_CA")]
+    pub etcd_tls_ca: Option<PathBuf>,
+
+    /// PEM client certificate, for an etcd started with
+    /// `--client-cert-auth`; needs ADSPEND_ETCD_TLS_KEY and ADSPEND_ETCD_TLS_CA.
+    #[arg(long = "etcd-tls-cert", env = "ADSPEND_ETCD_TLS_CERT")]
+    pub etcd_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of ADSPEND_ETCD_TLS_CERT.
+    #[arg(long = "etcd-tls-key", env = "ADSPEND_ETCD_TLS_KEY")]
+    pub etcd_tls_key: Option<PathBuf>,
+}
+
+/// The PEM contents behind [`EtcdArgs`]' TLS settings, read and checked.
+#[derive(Clone)]
+pub struct EtcdTlsFiles {
+    pub ca: Vec<u8>,
+    /// Client certificate and key, for mutual TLS.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl EtcdArgs {
+    /// Only endpoints, no TLS: etcd on a trusted network or one machine.
+    pub fn plain(endpoints: impl Into<String>) -> EtcdArgs {
+        EtcdArgs {
+            etcd_endpoints: endpoints.into(),
+            ..EtcdArgs::default()
+        }
+    }
+
     pub fn endpoints(&self) -> Vec<String> {
         self.etcd_endpoints
             .split(',')
@@ -117,11 +148,12 @@ impl EtcdArgs {
     }
 
     pub fn validate(&self) -> Result<(), Error> {
+        let tls = self.etcd_tls_ca.is_some();
         for endpoint in self.endpoints() {
-            let with_scheme = if endpoint.contains("://") {
-                endpoint.clone()
-            } else {
-                format!("http://{endpoint}")
+            let scheme = endpoint.split_once("://").map(|(scheme, _)| scheme);
+            let with_scheme = match scheme {
+                Some(_) => endpoint.clone(),
+                None => format!("http://{endpoint}"),
             };
             let url = url::Url::parse(&with_scheme).map_err(|e| Error::Config {
                 name: "ADSPEND_ETCD_ENDPOINTS",
@@ -135,9 +167,83 @@ impl EtcdArgs {
                     reason: format!("{endpoint:?} has no host:port"),
                 });
             }
+            let reason = match (scheme, tls) {
+                (Some("http"), true) => Some(format!(
+                    "{endpoint:?} is plain http while ADSPEND_ETCD_TLS_CA asks for TLS; use https://"
+                )),
+                (Some("https"), false) => Some(format!(
+                    "{endpoint:?} is https but ADSPEND_ETCD_TLS_CA is not set (no CA to trust)"
+                )),
+                (Some(other), _) if other != "http" && other != "https" => {
+                    Some(format!("{endpoint:?}: scheme must be http or https"))
+                }
+                _ => None,
+            };
+            if let Some(reason) = reason {
+                return Err(Error::Config {
+                    name: "ADSPEND_ETCD_ENDPOINTS",
+                    value: self.etcd_endpoints.clone(),
+                    reason,
+                });
+            }
         }
-        Ok(())
+        self.tls_files().map(drop)
     }
+
+    /// The TLS files, read and checked (`None` without ADSPEND_ETCD_TLS_CA).
+    /// A wrong combination or an unreadable file is an error naming its
+    /// setting; a file's contents are never part of the error.
+    pub fn tls_files(&self) -> Result<Option<EtcdTlsFiles>, Error> {
+        let identity = match (&self.etcd_tls_cert, &self.etcd_tls_key) {
+            (Some(cert), Some(key)) => Some((
+                read_pem("ADSPEND_ETCD_TLS_CERT", cert, "-----BEGIN CERTIFICATE-----")?,
+                read_pem("ADSPEND_ETCD_TLS_KEY", key, "PRIVATE KEY-----")?,
+            )),
+            (None, None) => None,
+            (Some(cert), None) => {
+                return Err(Error::Config {
+                    name: "ADSPEND_ETCD_TLS_CERT",
+                    value: cert.display().to_string(),
+                    reason: "ADSPEND_ETCD_TLS_KEY is not set".into(),
+                })
+            }
+            (None, Some(key)) => {
+                return Err(Error::Config {
+                    name: "ADSPEND_ETCD_TLS_KEY",
+                    value: key.display().to_string(),
+                    reason: "ADSPEND_ETCD_TLS_CERT is not set".into(),
+                })
+            }
+        };
+        let Some(ca) = &self.etcd_tls_ca else {
+            if let Some(cert) = &self.etcd_tls_cert {
+                return Err(Error::Config {
+                    name: "ADSPEND_ETCD_TLS_CERT",
+                    value: cert.display().to_string(),
+                    reason: "a client certificate needs TLS: set ADSPEND_ETCD_TLS_CA too".into(),
+                });
+            }
+            return Ok(None);
+        };
+        Ok(Some(EtcdTlsFiles {
+            ca: read_pem("ADSPEND_ETCD_TLS_CA", ca, "-----BEGIN CERTIFICATE-----")?,
+            identity,
+        }))
+    }
+}
+
+/// The file's bytes if it is readable and holds `marker` (PEM armour).
+fn read_pem(name: &'static str, path: &std::path::Path, marker: &str) -> Result<Vec<u8>, Error> {
+    let fail = |reason: String| Error::Config {
+        name,
+        value: path.display().to_string(),
+        reason,
+    };
+    let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+    if !String::from_utf8_lossy(&bytes).contains(marker) {
+        return Err(fail(format!("not a PEM file (no {marker:?})")));
+    }
+    Ok(bytes)
 }
 
 #[derive(Args, Clone, Debug)]
@@ -145,7 +251,7 @@ pub struct CatalogArgs {
     /// Catalog source: a file path, or etcd:///<key> (uses ADSPEND_ETCD_ENDPOINTS).
     #[arg(
         long = "catalog",
-        env = "ADSPEND_CATALOG",
+        env = env::CATALOG,
         default_value = "./catalog.json"
     )]
     pub catalog: String,
@@ -153,14 +259,14 @@ pub struct CatalogArgs {
 
 impl CatalogArgs {
     pub fn source(&self, etcd: &EtcdArgs) -> Result<CatalogSource, Error> {
-        CatalogSource::parse(&self.catalog, etcd.endpoints())
+        CatalogSource::parse(&self.catalog, etcd)
     }
 }
 
 #[derive(Args, Clone, Debug)]
 pub struct PartitionArgs {
     /// Number of spend partitions.
-    #[arg(long = "partitions", env = "ADSPEND_PARTITIONS", default_value_t = 16,
+    #[arg(long = "partitions", env = env::PARTITIONS, default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub partitions: u32,
 }

@@ -1,33 +1,99 @@
-//! etcd connection with a clear error when it cannot be reached.
+//! etcd connection, over TLS with a client certificate when the settings
+//! ask for it, with a clear error when it cannot be reached.
 
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
+use crate::config::EtcdArgs;
 use crate::error::{Error, Result};
 
 /// Connect and prove the cluster answers (a lazy channel would only fail at
-/// the first request, far from the setting that caused it).
-pub async fn connect(endpoints: &[String]) -> Result<Client> {
+/// the first request, far from the setting that caused it). The settings are
+/// checked first, so a wrong one is reported by its name.
+pub async fn connect(etcd: &EtcdArgs) -> Result<Client> {
+    etcd.validate()?;
+    let endpoints = etcd.endpoints();
     let joined = endpoints.join(",");
     let fail = |reason: String| Error::EtcdConnect {
         endpoints: joined.clone(),
         reason,
     };
-    let options = ConnectOptions::new()
+    let mut options = ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(5))
         .with_timeout(Duration::from_secs(10))
         .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+    let files = etcd.tls_files()?;
+    let tls = files.is_some();
+    if let Some(files) = files {
+        crate::nats::install_crypto_provider();
+        let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(files.ca));
+        if let Some((cert, key)) = files.identity {
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        options = options.with_tls(tls);
+    }
     let attempt = async {
-        let mut client = Client::connect(endpoints, Some(options))
+        let mut client = Client::connect(&endpoints, Some(options))
             .await
-            .map_err(|e| fail(e.to_string()))?;
-        client.status().await.map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| fail(with_tls_hint(describe(&e), tls)))?;
+        client
+            .status()
+            .await
+            .map_err(|e| fail(with_tls_hint(describe(&e), tls)))?;
         Ok(client)
     };
     tokio::time::timeout(Duration::from_secs(15), attempt)
         .await
         .map_err(|_| fail("timed out after 15s".into()))?
+}
+
+/// Names the settings to look at when the failure is a refused
+/// certificate, on either side (rustls' alert and verifier names). Under
+/// TLS 1.3 the server checks the client's certificate after the client's
+/// handshake is done, so its refusal may also arrive as the connection
+/// closing instead of an alert.
+fn with_tls_hint(reason: String, tls: bool) -> String {
+    const CLIENT_REFUSED: [&str; 4] = [
+        "alert: BadCertificate",
+        "alert: CertificateRequired",
+        "alert: UnknownCA",
+        "alert: CertificateUnknown",
+    ];
+    const CLOSED: [&str; 3] = ["connection closed", "connection reset", "broken pipe"];
+    let lower = reason.to_lowercase();
+    if CLIENT_REFUSED.iter().any(|alert| reason.contains(alert)) {
+        format!(
+            "{reason} (etcd refused this client: ADSPEND_ETCD_TLS_CERT and ADSPEND_ETCD_TLS_KEY \
+             must hold a certificate from a CA that etcd trusts, its --trusted-ca-file)"
+        )
+    } else if reason.contains("invalid peer certificate") {
+        format!("{reason} (etcd's certificate is not signed by the CA in ADSPEND_ETCD_TLS_CA)")
+    } else if tls && CLOSED.iter().any(|closed| lower.contains(closed)) {
+        format!(
+            "{reason} (etcd closed the TLS connection: it may have refused this client's \
+             certificate, ADSPEND_ETCD_TLS_CERT and ADSPEND_ETCD_TLS_KEY; etcd's log names \
+             the reason)"
+        )
+    } else {
+        reason
+    }
+}
+
+/// The error with its causes: a refused handshake shows up only in the
+/// chain below tonic's "transport error".
+fn describe(error: &etcd_client::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// The value read by the first `get` of a transaction's answer (the usual

@@ -5,16 +5,19 @@
 //! JetStream streams of [`nats`]) → `aggregator` (sums in LMDB, snapshots
 //! and checkpoint records, which only it uses and so keeps) → `pacer` (reads
 //! [`types::SumsUpdate`] pushes). [`config`], [`telemetry`],
-//! [`shutdown`] and [`failpoint`] are the same plumbing in every service.
+//! [`shutdown`] and [`failpoint`] are the same plumbing in every service,
+//! [`service`] is the `main` they share and [`env`] names every setting.
 
 pub mod catalog;
 pub mod catalog_source;
 pub mod codec;
 pub mod config;
+pub mod env;
 pub mod error;
 pub mod etcd;
 pub mod failpoint;
 pub mod nats;
+pub mod service;
 pub mod shutdown;
 pub mod telemetry;
 pub mod types;

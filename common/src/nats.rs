@@ -6,6 +6,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, stream};
 
 use crate::config::NatsArgs;
+use crate::env;
 use crate::error::{Error, Result};
 
 pub const IMPRESSIONS_STREAM: &str = "IMPRESSIONS";
@@ -32,9 +33,9 @@ pub fn sums_subject(shard: &str) -> String {
 /// forever: a NATS restart must not stop the services.
 pub async fn connect(nats: &NatsArgs, name: &str) -> Result<async_nats::Client> {
     let url = nats.nats_url.as_str();
-    let fail = |reason: String| Error::NatsConnect {
+    let fail = |source: async_nats::ConnectError| Error::NatsConnect {
         url: url.to_string(),
-        reason,
+        source,
     };
     let options = options(nats)?
         .name(name)
@@ -50,9 +51,20 @@ pub async fn connect(nats: &NatsArgs, name: &str) -> Result<async_nats::Client> 
     let connect = options.connect(servers);
     match tokio::time::timeout(Duration::from_secs(10), connect).await {
         Ok(Ok(client)) => Ok(client),
-        Ok(Err(e)) => Err(fail(e.to_string())),
-        Err(_) => Err(fail("timed out after 10s".into())),
+        Ok(Err(e)) => Err(fail(e)),
+        Err(_) => Err(fail(async_nats::ConnectError::new(
+            async_nats::ConnectErrorKind::TimedOut,
+        ))),
     }
+}
+
+/// The reply subjects of a client that logs in as `user`:
+/// `_INBOX_<user>.…`. The server lets each user subscribe only below its
+/// own prefix (deploy/nats-auth.conf), so no user can read another's
+/// replies (JetStream acks, API answers, pulled messages). An ad server
+/// with its own NATS client sets the same prefix for its user.
+pub fn inbox_prefix(user: &str) -> String {
+    format!("_INBOX_{user}")
 }
 
 /// Credentials and TLS of `nats`, checked before any connection attempt so
@@ -63,14 +75,27 @@ pub fn options(nats: &NatsArgs) -> Result<async_nats::ConnectOptions> {
     match (&nats.nats_user, &nats.nats_password) {
         (Some(user), Some(password)) => {
             if user.is_empty() {
-                return Err(config_error("ADSPEND_NATS_USER", user, "empty"));
+                return Err(config_error(env::NATS_USER, user, "empty"));
             }
-            options = options.user_and_password(user.clone(), password.clone());
+            // It becomes a subject token of the inbox prefix.
+            if user
+                .chars()
+                .any(|c| c.is_whitespace() || matches!(c, '.' | '*' | '>'))
+            {
+                return Err(config_error(
+                    env::NATS_USER,
+                    user,
+                    "may not hold whitespace, '.', '*' or '>'",
+                ));
+            }
+            options = options
+                .user_and_password(user.clone(), password.clone())
+                .custom_inbox_prefix(inbox_prefix(user));
         }
         (None, None) => {}
         (Some(user), None) => {
             return Err(config_error(
-                "ADSPEND_NATS_USER",
+                env::NATS_USER,
                 user,
                 "ADSPEND_NATS_PASSWORD is not set",
             ))
@@ -78,24 +103,20 @@ pub fn options(nats: &NatsArgs) -> Result<async_nats::ConnectOptions> {
         // The password itself is never echoed.
         (None, Some(_)) => {
             return Err(config_error(
-                "ADSPEND_NATS_PASSWORD",
+                env::NATS_PASSWORD,
                 "<redacted>",
                 "ADSPEND_NATS_USER is not set",
             ))
         }
     }
     if let Some(ca) = &nats.nats_tls_ca {
-        check_pem("ADSPEND_NATS_TLS_CA", ca, &["-----BEGIN CERTIFICATE-----"])?;
+        check_pem(env::NATS_TLS_CA, ca, &["-----BEGIN CERTIFICATE-----"])?;
         options = options.add_root_certificates(ca.clone()).require_tls(true);
     }
     match (&nats.nats_tls_cert, &nats.nats_tls_key) {
         (Some(cert), Some(key)) => {
-            check_pem(
-                "ADSPEND_NATS_TLS_CERT",
-                cert,
-                &["-----BEGIN CERTIFICATE-----"],
-            )?;
-            check_pem("ADSPEND_NATS_TLS_KEY", key, &["PRIVATE KEY-----"])?;
+            check_pem(env::NATS_TLS_CERT, cert, &["-----BEGIN CERTIFICATE-----"])?;
+            check_pem(env::NATS_TLS_KEY, key, &["PRIVATE KEY-----"])?;
             options = options
                 .add_client_certificate(cert.clone(), key.clone())
                 .require_tls(true);
@@ -103,14 +124,14 @@ pub fn options(nats: &NatsArgs) -> Result<async_nats::ConnectOptions> {
         (None, None) => {}
         (Some(cert), None) => {
             return Err(config_error(
-                "ADSPEND_NATS_TLS_CERT",
+                env::NATS_TLS_CERT,
                 &cert.display().to_string(),
                 "ADSPEND_NATS_TLS_KEY is not set",
             ))
         }
         (None, Some(key)) => {
             return Err(config_error(
-                "ADSPEND_NATS_TLS_KEY",
+                env::NATS_TLS_KEY,
                 &key.display().to_string(),
                 "ADSPEND_NATS_TLS_CERT is not set",
             ))
@@ -122,8 +143,9 @@ pub fn options(nats: &NatsArgs) -> Result<async_nats::ConnectOptions> {
 /// rustls picks its crypto by crate features; the workspace enables both
 /// `ring` (async-nats) and `aws-lc-rs` (the AWS and HTTP clients), and then
 /// a TLS handshake panics unless the process chose one. `ring` is the one
-/// async-nats is built for; a provider already chosen elsewhere is kept.
-fn install_crypto_provider() {
+/// async-nats (and etcd-client's `tls-ring`) are built for; a provider
+/// already chosen elsewhere is kept.
+pub(crate) fn install_crypto_provider() {
     let _ = async_nats::rustls::crypto::ring::default_provider().install_default();
 }
 
@@ -155,7 +177,7 @@ async fn ensure(js: &jetstream::Context, config: stream::Config) -> Result<strea
     let name = config.name.clone();
     js.get_or_create_stream(config)
         .await
-        .map_err(|e| Error::jetstream(format!("create stream {name}"))(e.to_string()))
+        .map_err(Error::jetstream(format!("create stream {name}")))
 }
 
 /// `IMPRESSIONS`: written by ad servers, read by the limiter. `replicas`

@@ -1,42 +1,55 @@
 //! Logging and metrics: `tracing` to stderr, `metrics` exported for
 //! Prometheus. Every metric name lives here so that dashboards have one place
 //! to look.
-
-use std::net::SocketAddr;
+//!
+//! Names follow one rule: `adspend_<component>_<thing>_<unit>`, where the
+//! component is the service that exports it (`limiter`, `aggregator`,
+//! `pacer`) or `catalog` for the catalog watcher the limiter and the pacer
+//! both run, and the unit is `total` (counters), `seconds` or `bytes`;
+//! gauges of a count carry no unit. The one exception is
+//! `adspend_rejected_total`, whose name the external contract fixes.
+//! Every histogram has bucket bounds in [`HISTOGRAM_BUCKETS`], so none is
+//! exported as a summary.
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
-use crate::error::Error;
-
 // limiter
-pub const IMPRESSIONS_TOTAL: &str = "adspend_impressions_total";
+pub const IMPRESSIONS_TOTAL: &str = "adspend_limiter_impressions_total";
 pub const REJECTED_TOTAL: &str = "adspend_rejected_total";
-pub const TUPLES_EMITTED_TOTAL: &str = "adspend_tuples_emitted_total";
-pub const SPEND_MESSAGES_TOTAL: &str = "adspend_spend_messages_total";
-pub const MARKERS_TOTAL: &str = "adspend_markers_total";
+pub const TUPLES_EMITTED_TOTAL: &str = "adspend_limiter_tuples_emitted_total";
+pub const SPEND_MESSAGES_TOTAL: &str = "adspend_limiter_spend_messages_total";
+pub const MARKERS_TOTAL: &str = "adspend_limiter_markers_total";
 pub const CATALOG_RELOADS_TOTAL: &str = "adspend_catalog_reloads_total";
 pub const CATALOG_ERRORS_TOTAL: &str = "adspend_catalog_errors_total";
+// limiter, fair scheduling among sources (gauges labelled `source`)
+/// The source's share of the limiter's usage over the sliding window, 0..=1.
+pub const LIMITER_SOURCE_USAGE_SHARE: &str = "adspend_limiter_source_usage_share";
+/// Age of the source's oldest waiting event.
+pub const LIMITER_SOURCE_LAG_SECONDS: &str = "adspend_limiter_source_lag_seconds";
+/// 1 while the source is held back so that waiting sources get their share.
+pub const LIMITER_SOURCE_HELD_BACK: &str = "adspend_limiter_source_held_back";
 // aggregator
-pub const TUPLES_APPLIED_TOTAL: &str = "adspend_tuples_applied_total";
-pub const DUPLICATES_DROPPED_TOTAL: &str = "adspend_duplicates_dropped_total";
-pub const APPLY_COMMITS_TOTAL: &str = "adspend_apply_commits_total";
-pub const LAST_APPLIED_SEQ: &str = "adspend_last_applied_seq";
-pub const CHECKPOINTS_TOTAL: &str = "adspend_checkpoints_total";
-pub const CHECKPOINTS_COALESCED_TOTAL: &str = "adspend_checkpoints_coalesced_total";
-pub const CHECKPOINT_SECONDS: &str = "adspend_checkpoint_seconds";
+pub const TUPLES_APPLIED_TOTAL: &str = "adspend_aggregator_tuples_applied_total";
+pub const DUPLICATES_DROPPED_TOTAL: &str = "adspend_aggregator_duplicates_dropped_total";
+pub const APPLY_COMMITS_TOTAL: &str = "adspend_aggregator_apply_commits_total";
+pub const LAST_APPLIED_SEQ: &str = "adspend_aggregator_last_applied_seq";
+pub const CHECKPOINTS_TOTAL: &str = "adspend_aggregator_checkpoints_total";
+pub const CHECKPOINTS_COALESCED_TOTAL: &str = "adspend_aggregator_checkpoints_coalesced_total";
+pub const CHECKPOINT_SECONDS: &str = "adspend_aggregator_checkpoint_seconds";
 /// Size of the recorded base snapshot (the compacted LMDB copy).
-pub const SNAPSHOT_BYTES: &str = "adspend_snapshot_bytes";
+pub const SNAPSHOT_BYTES: &str = "adspend_aggregator_snapshot_bytes";
 /// Bytes uploaded by checkpoints, `kind="base"` (full copies) or
 /// `kind="delta"` (what changed since the previous checkpoint).
-pub const CHECKPOINT_UPLOADED_BYTES_TOTAL: &str = "adspend_checkpoint_uploaded_bytes_total";
-pub const DEDUPE_IDS: &str = "adspend_dedupe_ids";
-pub const DEDUPE_WINDOW_SECONDS: &str = "adspend_dedupe_window_seconds";
-pub const SUMS_PUSHES_TOTAL: &str = "adspend_sums_pushes_total";
-pub const STREAM_INTEGRITY_ERRORS_TOTAL: &str = "adspend_stream_integrity_errors_total";
+pub const CHECKPOINT_UPLOADED_BYTES_TOTAL: &str =
+    "adspend_aggregator_checkpoint_uploaded_bytes_total";
+pub const DEDUPE_IDS: &str = "adspend_aggregator_dedupe_ids";
+pub const DEDUPE_WINDOW_SECONDS: &str = "adspend_aggregator_dedupe_window_seconds";
+pub const SUMS_PUSHES_TOTAL: &str = "adspend_aggregator_sums_pushes_total";
+pub const STREAM_INTEGRITY_ERRORS_TOTAL: &str = "adspend_aggregator_stream_integrity_errors_total";
 /// `SPEND` messages or tuples the aggregator set aside (dead lettered) by
 /// reason, instead of stopping on them.
-pub const SPEND_SET_ASIDE_TOTAL: &str = "adspend_spend_set_aside_total";
+pub const SPEND_SET_ASIDE_TOTAL: &str = "adspend_aggregator_spend_set_aside_total";
 // aggregator, cluster mode
 /// Partitions this member applies now.
 pub const AGGREGATOR_OWNED_PARTITIONS: &str = "adspend_aggregator_owned_partitions";
@@ -64,7 +77,7 @@ pub const FRESHNESS_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75,
     1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
 ];
-pub const DECISIONS_TOTAL: &str = "adspend_decisions_total";
+pub const DECISIONS_TOTAL: &str = "adspend_pacer_decisions_total";
 /// Shards with no push (heartbeats included) for `ADSPEND_PACER_STALE_AFTER_MS`.
 pub const PACER_STALE_SHARDS: &str = "adspend_pacer_stale_shards";
 /// Catalog limits that are stale (their ads are not servable).
@@ -77,6 +90,35 @@ pub const PACER_HTTP_REFUSED_TOTAL: &str = "adspend_pacer_http_refused_total";
 pub const OWNERSHIP_BUCKETS: &[f64] = &[
     0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0,
 ];
+
+/// Bucket bounds of [`CHECKPOINT_SECONDS`]: a delta takes tens of
+/// milliseconds, a base of a large store minutes.
+pub const CHECKPOINT_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// Every histogram with its bucket bounds. A histogram missing here would be
+/// exported as a summary (quantiles that cannot be aggregated across
+/// processes); a test checks that every `histogram!` is listed.
+pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
+    (CHECKPOINT_SECONDS, CHECKPOINT_BUCKETS),
+    (AGGREGATOR_HANDOVER_SECONDS, OWNERSHIP_BUCKETS),
+    (AGGREGATOR_FAILOVER_SECONDS, OWNERSHIP_BUCKETS),
+    (PACER_FRESHNESS_SECONDS, FRESHNESS_BUCKETS),
+];
+
+/// `builder` with the bucket bounds of [`HISTOGRAM_BUCKETS`].
+fn with_histogram_buckets(
+    mut builder: PrometheusBuilder,
+) -> Result<PrometheusBuilder, metrics_exporter_prometheus::BuildError> {
+    for (name, buckets) in HISTOGRAM_BUCKETS {
+        builder = builder.set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full((*name).to_string()),
+            buckets,
+        )?;
+    }
+    Ok(builder)
+}
 
 static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
 
@@ -97,44 +139,154 @@ pub fn init_tracing() {
         .try_init();
 }
 
-/// Install the global Prometheus recorder and serve `/metrics` on `listen`.
-/// Returns the handle, so a service can also render metrics on its own port.
-/// Must be called inside a tokio runtime.
-pub fn install_metrics(listen: SocketAddr) -> Result<PrometheusHandle, Error> {
-    let bind_error = |reason: String| Error::Bind {
-        what: "metrics listener",
-        addr: listen.to_string(),
-        reason,
-    };
-    // Bind first so a busy port is a clear error rather than a background panic.
-    std::net::TcpListener::bind(listen).map_err(|e| bind_error(e.to_string()))?;
-    let builder = PrometheusBuilder::new()
-        .with_http_listener(listen)
-        .set_buckets_for_metric(
-            metrics_exporter_prometheus::Matcher::Full(PACER_FRESHNESS_SECONDS.into()),
-            FRESHNESS_BUCKETS,
-        )
-        .and_then(|b| {
-            b.set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(AGGREGATOR_HANDOVER_SECONDS.into()),
-                OWNERSHIP_BUCKETS,
-            )
-        })
-        .and_then(|b| {
-            b.set_buckets_for_metric(
-                metrics_exporter_prometheus::Matcher::Full(AGGREGATOR_FAILOVER_SECONDS.into()),
-                OWNERSHIP_BUCKETS,
-            )
-        })
-        .map_err(|e| bind_error(e.to_string()))?;
-    let (recorder, exporter) = builder.build().map_err(|e| bind_error(e.to_string()))?;
+/// Install the global Prometheus recorder. Returns the handle whose
+/// `render()` the services serve as `/metrics` on listeners they bound
+/// themselves ([`crate::service`]).
+pub fn install_metrics() -> PrometheusHandle {
+    let recorder = with_histogram_buckets(PrometheusBuilder::new())
+        .expect("every bucket list is non-empty")
+        .build_recorder();
     let handle = recorder.handle();
-    metrics::set_global_recorder(recorder).map_err(|e| bind_error(e.to_string()))?;
-    let _ = HANDLE.set(handle.clone());
-    tokio::spawn(async move {
-        if let Err(e) = exporter.await {
-            tracing::error!(error = ?e, "metrics listener stopped");
+    // Once per process; a second install keeps the first recorder.
+    if metrics::set_global_recorder(recorder).is_ok() {
+        let _ = HANDLE.set(handle.clone());
+    }
+    HANDLE.get().cloned().unwrap_or(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `(const name, metric name)` of every metric name declared here.
+    fn declared() -> Vec<(String, String)> {
+        include_str!("telemetry.rs")
+            .split(';')
+            .filter_map(|item| {
+                // One line however rustfmt wrapped it.
+                let item = item.split_whitespace().collect::<Vec<_>>().join(" ");
+                let rest = item.split("pub const ").nth(1)?;
+                let (ident, value) = rest.split_once(": &str = \"")?;
+                let value = value.strip_suffix('"')?;
+                Some((ident.to_string(), value.to_string()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_name_follows_the_rule() {
+        let names = declared();
+        assert!(names.len() >= 35, "found only {} names", names.len());
+        assert!(names
+            .iter()
+            .any(|(i, _)| i == "CHECKPOINT_UPLOADED_BYTES_TOTAL"));
+        for (ident, name) in names {
+            if name == "adspend_rejected_total" {
+                continue;
+            }
+            let rest = ["limiter", "aggregator", "pacer", "catalog"]
+                .iter()
+                .find_map(|c| name.strip_prefix(&format!("adspend_{c}_")));
+            let thing = rest.unwrap_or_else(|| panic!("{ident} = {name}: no component"));
+            assert!(
+                !thing.is_empty() && thing.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{ident} = {name}"
+            );
+            if ident.ends_with("_TOTAL") {
+                assert!(name.ends_with("_total"), "{ident} = {name}");
+            }
+            if ident.ends_with("_SECONDS") || ident.ends_with("_BYTES") {
+                let unit = ident.rsplit('_').next().unwrap().to_ascii_lowercase();
+                assert!(name.ends_with(&format!("_{unit}")), "{ident} = {name}");
+            }
         }
-    });
-    Ok(handle)
+    }
+
+    /// The name consts that `histogram!` calls in the services' sources use.
+    fn histograms_used() -> Vec<String> {
+        fn walk(dir: &std::path::Path, out: &mut Vec<String>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    walk(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    for (i, m) in text.match_indices("histogram!(") {
+                        let after = &text[i + m.len()..];
+                        let ident: String = after
+                            .trim_start()
+                            .chars()
+                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                            .collect();
+                        out.push(ident);
+                    }
+                }
+            }
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut used = Vec::new();
+        for krate in ["common", "limiter", "aggregator", "pacer"] {
+            walk(&root.join(krate).join("src"), &mut used);
+        }
+        // Names that are not consts (this module's own tests) are left out.
+        used.retain(|ident| {
+            !ident.is_empty() && ident.bytes().all(|b| b.is_ascii_uppercase() || b == b'_')
+        });
+        used.sort();
+        used.dedup();
+        used
+    }
+
+    #[test]
+    fn every_histogram_has_buckets() {
+        let declared = declared();
+        let used = histograms_used();
+        assert!(used.len() >= 4, "found only {used:?}");
+        for ident in used {
+            let name = declared
+                .iter()
+                .find(|(i, _)| *i == ident)
+                .map(|(_, n)| n.as_str())
+                .unwrap_or_else(|| panic!("histogram {ident} is not declared here"));
+            assert!(
+                HISTOGRAM_BUCKETS.iter().any(|(n, _)| *n == name),
+                "histogram {name} has no buckets in HISTOGRAM_BUCKETS"
+            );
+        }
+        for (name, buckets) in HISTOGRAM_BUCKETS {
+            assert!(!buckets.is_empty(), "{name}");
+            assert!(
+                buckets.windows(2).all(|w| w[0] < w[1]),
+                "{name}: bounds not increasing"
+            );
+        }
+    }
+
+    #[test]
+    fn histograms_render_as_buckets_not_quantiles() {
+        let recorder = with_histogram_buckets(PrometheusBuilder::new())
+            .unwrap()
+            .build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            for (name, _) in HISTOGRAM_BUCKETS {
+                metrics::histogram!(*name).record(0.2);
+            }
+        });
+        let text = handle.render();
+        assert!(!text.contains("quantile="), "{text}");
+        for (name, buckets) in HISTOGRAM_BUCKETS {
+            assert!(
+                text.contains(&format!("# TYPE {name} histogram")),
+                "{name}: {text}"
+            );
+            // 0.2 s falls in every bucket from the first bound at or above it.
+            for bound in buckets.iter() {
+                let count = u64::from(*bound >= 0.2);
+                let line = format!("{name}_bucket{{le=\"{bound}\"}} {count}");
+                assert!(text.contains(&line), "missing {line}: {text}");
+            }
+            assert!(text.contains(&format!("{name}_count 1")), "{name}: {text}");
+        }
+    }
 }

@@ -1,9 +1,11 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use adspend_common::catalog_source::CatalogSource;
 use adspend_common::config::{
     parse_addr, CatalogArgs, EtcdArgs, NatsArgs, PartitionArgs, StreamArgs,
 };
+use adspend_common::env;
 use adspend_common::Error;
 use clap::Parser;
 
@@ -23,30 +25,52 @@ pub struct Config {
     #[command(flatten)]
     pub partitions: PartitionArgs,
     /// Interval between checkpoint markers, in milliseconds.
-    #[arg(long, env = "ADSPEND_CHECKPOINT_INTERVAL_MS", default_value_t = 10_000,
+    #[arg(long, env = env::CHECKPOINT_INTERVAL_MS, default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
     pub checkpoint_interval_ms: u64,
     /// Prometheus /metrics listen address.
-    #[arg(long, env = "ADSPEND_METRICS_ADDR", default_value = "127.0.0.1:9101")]
+    #[arg(long, env = env::METRICS_ADDR, default_value = "127.0.0.1:9101")]
     pub metrics_addr: String,
     /// Durable consumer name on IMPRESSIONS (one per limiter deployment).
-    #[arg(long, env = "ADSPEND_LIMITER_CONSUMER", default_value = "limiter")]
+    #[arg(long, env = env::LIMITER_CONSUMER, default_value = "limiter")]
     pub consumer: String,
     /// Most input messages handled (and acknowledged) together.
-    #[arg(long, env = "ADSPEND_LIMITER_MAX_BATCH", default_value_t = 1000,
+    #[arg(long, env = env::LIMITER_MAX_BATCH, default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_batch: u32,
     /// Most spend tuples in one SPEND message.
-    #[arg(long, env = "ADSPEND_LIMITER_TUPLES_PER_MESSAGE", default_value_t = 20_000,
+    #[arg(long, env = env::LIMITER_TUPLES_PER_MESSAGE, default_value_t = 20_000,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub tuples_per_message: u32,
     /// Most one impression may cost, in micros; a costlier one is dead
     /// lettered with reason cost_too_large (a sum of u64 micros must never
     /// overflow on hostile input).
-    #[arg(long, env = "ADSPEND_MAX_COST_MICROS",
+    #[arg(long, env = env::MAX_COST_MICROS,
           default_value_t = crate::validate::DEFAULT_MAX_COST_MICROS,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_cost_micros: u64,
+    /// How input is pulled from IMPRESSIONS: `fair` (one consumer per
+    /// source, a flooding source cannot make the others' spend stale) or
+    /// `fifo` (one consumer, stream order).
+    #[arg(long, env = env::LIMITER_SCHEDULING, value_enum, default_value_t = Scheduling::Fair)]
+    pub scheduling: Scheduling,
+    /// Which token of the impression subject names its source (0 is
+    /// `impressions`): 1 reads the source of `impressions.<source>`.
+    #[arg(long, env = env::LIMITER_SOURCE_TOKEN, default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub source_token: u32,
+    /// Fair scheduling steps in when a source's oldest event has waited this
+    /// long (milliseconds) while another source uses more than its share.
+    #[arg(long, env = env::LIMITER_FAIR_LAG_MS, default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub fair_lag_ms: u64,
+}
+
+/// See [`Config::scheduling`].
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheduling {
+    Fair,
+    Fifo,
 }
 
 impl Config {
@@ -54,10 +78,24 @@ impl Config {
         Duration::from_millis(self.checkpoint_interval_ms)
     }
 
-    /// Everything that can be checked before connecting to anything.
-    pub fn validate(&self) -> Result<SocketAddr, Error> {
+    /// Everything that can be checked before connecting to anything, once.
+    pub fn validate(self) -> Result<Validated, Error> {
         self.etcd.validate()?;
-        self.catalog.source(&self.etcd)?;
-        parse_addr("ADSPEND_METRICS_ADDR", &self.metrics_addr)
+        let catalog = self.catalog.source(&self.etcd)?;
+        let metrics_addr = parse_addr(env::METRICS_ADDR, &self.metrics_addr)?;
+        Ok(Validated {
+            config: self,
+            catalog,
+            metrics_addr,
+        })
     }
+}
+
+/// The settings once validated: what [`Config`] holds, with every value
+/// that needs parsing parsed.
+#[derive(Clone, Debug)]
+pub struct Validated {
+    pub config: Config,
+    pub catalog: CatalogSource,
+    pub metrics_addr: SocketAddr,
 }

@@ -11,6 +11,7 @@
 pub mod config;
 pub mod emit;
 pub mod error;
+pub mod fair;
 pub mod validate;
 
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use std::time::Duration;
 use adspend_common::catalog::Catalog;
 use adspend_common::codec::encode_spend;
 use adspend_common::nats::{self, spend_subject};
+use adspend_common::service::{self, Context, Service};
 use adspend_common::telemetry::{
     IMPRESSIONS_TOTAL, MARKERS_TOTAL, REJECTED_TOTAL, SPEND_MESSAGES_TOTAL, TUPLES_EMITTED_TOTAL,
 };
@@ -27,28 +29,56 @@ use adspend_common::{failpoint, now_ms};
 use async_nats::jetstream::{self, consumer, context::PublishAckFuture};
 use async_nats::HeaderMap;
 use bytes::Bytes;
-use futures::StreamExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-pub use config::Config;
+pub use config::{Config, Validated};
 use emit::{Input, Output};
 pub use error::Error;
 
-/// How long JetStream waits for an acknowledgement before redelivering: the
-/// time a limiter that died holding input delays that input. Short; a chunk
-/// whose output takes longer to publish is kept by progress acknowledgements
-/// every [`PROGRESS_EVERY`] instead.
-const ACK_WAIT: Duration = Duration::from_millis(1_500);
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Longest wait for one round of publishes (or the input ack) to be confirmed.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Run until `shutdown`; on shutdown the chunk in hand is finished first.
-pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
-    config.validate()?;
-    let catalog_source = config.catalog.source(&config.etcd)?;
+impl Service for Validated {
+    const NAME: &'static str = "limiter";
+    type Config = Config;
+    type Listeners = ();
+    type Error = Error;
+
+    fn validate(config: Config) -> Result<Self, Error> {
+        Ok(config.validate()?)
+    }
+
+    fn metrics_addr(&self) -> std::net::SocketAddr {
+        self.metrics_addr
+    }
+
+    async fn bind(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn run(self, _: (), context: Context) -> Result<(), Error> {
+        run(self, context).await
+    }
+}
+
+impl service::Failure for Error {
+    fn exit_code(&self) -> u8 {
+        Error::exit_code(self)
+    }
+}
+
+/// Run until `context.shutdown`; on shutdown the chunk in hand is finished
+/// first.
+pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
+    let Validated {
+        config,
+        catalog: catalog_source,
+        ..
+    } = validated;
+    let shutdown = context.shutdown;
     let catalog = catalog_source.clone().watch(shutdown.clone()).await?;
     let client = nats::connect(&config.nats, "adspend-limiter").await?;
     let js = jetstream::new(client);
@@ -57,37 +87,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     nats::ensure_spend(&js, replicas).await?;
     nats::ensure_deadletter(&js, replicas).await?;
 
-    let consumer_err = |reason: String| Error::Consumer {
-        stream: nats::IMPRESSIONS_STREAM,
-        consumer: config.consumer.clone(),
-        reason,
-    };
-    // Create or update: a consumer made by an older limiter gets the
-    // current ack wait.
-    let consumer: consumer::PullConsumer = impressions
-        .create_consumer(consumer::pull::Config {
-            durable_name: Some(config.consumer.clone()),
-            // Explicit, never All: acking a later message must not acknowledge
-            // earlier ones that a stopped limiter pulled but never handled.
-            ack_policy: consumer::AckPolicy::Explicit,
-            ack_wait: ACK_WAIT,
-            max_ack_pending: 100_000,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| consumer_err(e.to_string()))?;
-    let messages = consumer
-        .stream()
-        .max_messages_per_batch(config.max_batch as usize)
-        .heartbeat(Duration::from_secs(5))
-        .messages()
-        .await
-        .map_err(|e| consumer_err(e.to_string()))?;
-    let mut chunks = messages.ready_chunks(config.max_batch as usize);
+    let mut input = fair::Input::open(&impressions, &config).await?;
 
     tracing::info!(
         catalog = catalog_source.describe(),
         partitions = config.partitions.partitions,
+        scheduling = ?config.scheduling,
         checkpoint_interval_ms = config.checkpoint_interval_ms,
         "limiter running"
     );
@@ -107,7 +112,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
             biased;
             _ = shutdown.cancelled() => break,
             _ = markers.tick() => limiter.publish_markers().await,
-            chunk = chunks.next() => match chunk {
+            chunk = input.next() => match chunk {
                 Some(chunk) => limiter.handle_chunk(chunk).await,
                 None => {
                     tracing::warn!("impressions consumer ended");
@@ -120,7 +125,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     Ok(())
 }
 
-type PullMessage = Result<jetstream::Message, consumer::pull::MessagesError>;
+pub(crate) type PullMessage = Result<jetstream::Message, consumer::pull::MessagesError>;
 
 struct Limiter {
     js: jetstream::Context,

@@ -1,27 +1,8 @@
-use adspend_common::{shutdown, telemetry};
-use adspend_limiter::{run, Config};
-use clap::Parser;
-
 /// mimalloc keeps large freed blocks for reuse; the system allocator
 /// returned them to the kernel and paid for zeroed pages on every batch.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
-    let config = Config::parse();
-    telemetry::init_tracing();
-    if let Err(e) = start(config).await {
-        eprintln!("limiter: error: {e:#}");
-        return std::process::ExitCode::FAILURE;
-    }
-    std::process::ExitCode::SUCCESS
-}
-
-async fn start(config: Config) -> anyhow::Result<()> {
-    let metrics_addr = config.validate()?;
-    telemetry::install_metrics(metrics_addr)?;
-    let shutdown = shutdown::on_signals()?;
-    run(config, shutdown).await?;
-    Ok(())
+fn main() -> std::process::ExitCode {
+    adspend_common::service::main::<adspend_limiter::Validated>()
 }

@@ -1,7 +1,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use adspend_common::catalog_source::CatalogSource;
 use adspend_common::config::{parse_addr, CatalogArgs, EtcdArgs, NatsArgs};
+use adspend_common::env;
 use adspend_common::Error;
 use clap::Parser;
 
@@ -20,22 +22,22 @@ pub struct Config {
     #[command(flatten)]
     pub catalog: CatalogArgs,
     /// HTTP listen address of the API and dashboard.
-    #[arg(long, env = "ADSPEND_PACER_ADDR", default_value = "127.0.0.1:8080")]
+    #[arg(long, env = env::PACER_ADDR, default_value = "127.0.0.1:8080")]
     pub pacer_addr: String,
     /// Prometheus /metrics listen address (also served on the API port).
-    #[arg(long, env = "ADSPEND_METRICS_ADDR", default_value = "127.0.0.1:9103")]
+    #[arg(long, env = env::METRICS_ADDR, default_value = "127.0.0.1:9103")]
     pub metrics_addr: String,
     /// Optional second listen address serving only /healthz and /metrics,
     /// never behind a token (for probes and scrapers kept off the API
     /// port's network). Empty: none; both stay on the API port either way.
-    #[arg(long, env = "ADSPEND_PACER_OPS_ADDR", default_value = "")]
+    #[arg(long, env = env::PACER_OPS_ADDR, default_value = "")]
     pub ops_addr: String,
     /// Milliseconds after which a shard whose owner has pushed nothing (not
     /// even its heartbeat, sent at least every second while idle) is stale:
     /// its limits say `"stale": true` and the ads under them are not
     /// servable until it pushes again. Keep it above the aggregators' push
     /// interval (ADSPEND_PUSH_INTERVAL_MS).
-    #[arg(long, env = "ADSPEND_PACER_STALE_AFTER_MS", default_value_t = 30_000,
+    #[arg(long, env = env::PACER_STALE_AFTER_MS, default_value_t = 30_000,
           value_parser = clap::value_parser!(u64).range(2_000..=86_400_000))]
     pub stale_after_ms: u64,
     /// Bearer tokens of the read scope (GET /v1/limits…, /v1/shards: the
@@ -43,7 +45,7 @@ pub struct Config {
     /// A-Z a-z 0-9 - . _ ~ + / (= at the end). Empty: reading needs no token.
     #[arg(
         long,
-        env = "ADSPEND_PACER_READ_TOKENS",
+        env = env::PACER_READ_TOKENS,
         default_value = "",
         hide_env_values = true,
         hide_default_value = true
@@ -54,7 +56,7 @@ pub struct Config {
     /// token.
     #[arg(
         long,
-        env = "ADSPEND_PACER_DECIDE_TOKENS",
+        env = env::PACER_DECIDE_TOKENS,
         default_value = "",
         hide_env_values = true,
         hide_default_value = true
@@ -64,18 +66,23 @@ pub struct Config {
     /// (head, body and handling): a slower one gets 408 or, still in its
     /// head, a closed connection. Also how long a new connection may stay
     /// silent and a response write may stall.
-    #[arg(long, env = "ADSPEND_PACER_REQUEST_TIMEOUT_MS", default_value_t = 10_000,
+    #[arg(long, env = env::PACER_REQUEST_TIMEOUT_MS, default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(100..=600_000))]
     pub request_timeout_ms: u64,
     /// Milliseconds a keep-alive connection may sit idle between requests.
-    #[arg(long, env = "ADSPEND_PACER_IDLE_TIMEOUT_MS", default_value_t = 60_000,
+    #[arg(long, env = env::PACER_IDLE_TIMEOUT_MS, default_value_t = 60_000,
           value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
     pub idle_timeout_ms: u64,
     /// Most open connections on the API port (each carries one request at a
     /// time); more wait in the listen backlog until one closes.
-    #[arg(long, env = "ADSPEND_PACER_MAX_CONNECTIONS", default_value_t = 1024,
+    #[arg(long, env = env::PACER_MAX_CONNECTIONS, default_value_t = 1024,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,
+    /// The pacing served: `adspend` (its own) or `baseline` (LinkedIn-style
+    /// pass-through rate, stop at the visible budget; for comparisons).
+    #[arg(long, env = env::PACER_ALGORITHM, value_enum,
+          default_value_t = crate::controller::Algorithm::Adspend)]
+    pub algorithm: crate::controller::Algorithm,
 }
 
 /// A setting whose value must never be printed: `Debug` shows its length.
@@ -98,7 +105,16 @@ impl std::str::FromStr for Secret {
     }
 }
 
-/// The settings once validated.
+/// The settings once validated: what [`Config`] holds, with every value
+/// that needs parsing parsed, once.
+#[derive(Debug, Clone)]
+pub struct Validated {
+    pub config: Config,
+    pub settings: Settings,
+    pub catalog: CatalogSource,
+}
+
+/// The settings that needed parsing.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub api_addr: SocketAddr,
@@ -110,12 +126,21 @@ pub struct Settings {
 
 impl Config {
     /// The validated settings, or the first bad one.
-    pub fn validate(&self) -> Result<Settings, Error> {
+    pub fn validate(self) -> Result<Validated, Error> {
+        let settings = self.settings()?;
+        let catalog = self.catalog.source(&self.etcd)?;
+        Ok(Validated {
+            config: self,
+            settings,
+            catalog,
+        })
+    }
+
+    fn settings(&self) -> Result<Settings, Error> {
         self.etcd.validate()?;
-        self.catalog.source(&self.etcd)?;
         let ops_addr = match self.ops_addr.trim() {
             "" => None,
-            addr => Some(parse_addr("ADSPEND_PACER_OPS_ADDR", addr)?),
+            addr => Some(parse_addr(env::PACER_OPS_ADDR, addr)?),
         };
         let tokens = |name: &'static str, secret: &Secret| {
             parse_tokens(&secret.0).map_err(|bad| Error::Config {
@@ -125,12 +150,12 @@ impl Config {
             })
         };
         let auth = Auth::new(
-            tokens("ADSPEND_PACER_READ_TOKENS", &self.read_tokens)?,
-            tokens("ADSPEND_PACER_DECIDE_TOKENS", &self.decide_tokens)?,
+            tokens(env::PACER_READ_TOKENS, &self.read_tokens)?,
+            tokens(env::PACER_DECIDE_TOKENS, &self.decide_tokens)?,
         );
         Ok(Settings {
-            api_addr: parse_addr("ADSPEND_PACER_ADDR", &self.pacer_addr)?,
-            metrics_addr: parse_addr("ADSPEND_METRICS_ADDR", &self.metrics_addr)?,
+            api_addr: parse_addr(env::PACER_ADDR, &self.pacer_addr)?,
+            metrics_addr: parse_addr(env::METRICS_ADDR, &self.metrics_addr)?,
             ops_addr,
             auth,
             http: HttpLimits {
@@ -154,7 +179,7 @@ mod tests {
 
     #[test]
     fn defaults_leave_the_api_open_with_the_documented_limits() {
-        let settings = parse(&[]).validate().unwrap();
+        let settings = parse(&[]).validate().unwrap().settings;
         assert_eq!(settings.ops_addr, None);
         assert!(!settings.auth.required(crate::auth::Scope::Read));
         assert!(!settings.auth.required(crate::auth::Scope::Decide));
@@ -167,14 +192,14 @@ mod tests {
     #[test]
     fn a_bad_token_is_named_by_setting_and_position_never_shown() {
         let config = parse(&["--decide-tokens=good-token-0123456789,oops"]);
+        let shown = format!("{config:?}");
         let message = config.validate().unwrap_err().to_string();
-        assert!(message.contains("ADSPEND_PACER_DECIDE_TOKENS"), "{message}");
+        assert!(message.contains(env::PACER_DECIDE_TOKENS), "{message}");
         assert!(message.contains("token 2 is shorter"), "{message}");
         assert!(
             !message.contains("oops") && !message.contains("good-token"),
             "{message}"
         );
-        let shown = format!("{config:?}");
         assert!(!shown.contains("good-token"), "{shown}");
     }
 
@@ -193,6 +218,6 @@ mod tests {
             .validate()
             .unwrap_err()
             .to_string();
-        assert!(message.contains("ADSPEND_PACER_OPS_ADDR"), "{message}");
+        assert!(message.contains(env::PACER_OPS_ADDR), "{message}");
     }
 }

@@ -30,6 +30,30 @@ impl Default for Gains {
     }
 }
 
+/// Which pacing the pacer serves (`ADSPEND_PACER_ALGORITHM`): its own, or
+/// the LinkedIn-style baseline it is benchmarked against.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Algorithm {
+    /// The PI controller over the learned shape, the lag guard, exhaustion
+    /// at one typical event.
+    #[default]
+    Adspend,
+    /// A pass-through rate per daily limit, x0.9 a minute while the visible
+    /// spend is ahead of an even plan, x1.1 (up to 1, at least 0.01)
+    /// otherwise; no lag guard; stops when the visible spend reaches the
+    /// budget.
+    Baseline,
+}
+
+/// One baseline step of `dt_min` minutes: the new pass-through rate.
+pub fn baseline_step(pass: f64, even_plan: f64, spent: f64, dt_min: f64) -> f64 {
+    if spent > even_plan {
+        pass * 0.9f64.powf(dt_min)
+    } else {
+        (pass * 1.1f64.powf(dt_min)).clamp(0.01, 1.0)
+    }
+}
+
 /// What the controller sees, as shares of the budget.
 #[derive(Clone, Copy, Debug)]
 pub struct Observation {
@@ -170,6 +194,19 @@ mod tests {
         // Now ahead of plan: the multiplier must come down at once.
         let m = c.step(&obs(0.5, 0.6), 1.0, &g);
         assert!(m < 1.0, "{m}");
+    }
+
+    #[test]
+    fn baseline_moves_ten_percent_a_minute_towards_an_even_plan() {
+        assert!((baseline_step(1.0, 0.5, 0.6, 1.0) - 0.9).abs() < 1e-12);
+        assert!((baseline_step(0.5, 0.5, 0.4, 1.0) - 0.55).abs() < 1e-12);
+        assert_eq!(baseline_step(1.0, 0.5, 0.4, 1.0), 1.0);
+        // Sixty one-second steps make one minute's step.
+        let mut pass = 1.0;
+        for _ in 0..60 {
+            pass = baseline_step(pass, 0.5, 0.6, 1.0 / 60.0);
+        }
+        assert!((pass - 0.9).abs() < 1e-9, "{pass}");
     }
 
     #[test]

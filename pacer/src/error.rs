@@ -1,3 +1,4 @@
+use adspend_common::error::Causes;
 use adspend_common::Error as CommonError;
 
 #[derive(Debug, thiserror::Error)]
@@ -5,9 +6,32 @@ pub enum Error {
     #[error(transparent)]
     Common(#[from] CommonError),
 
-    #[error("subscribing to {subject}: {reason}")]
-    Subscribe { subject: String, reason: String },
+    #[error("subscribing to {subject}: {}", Causes(source))]
+    Subscribe {
+        subject: String,
+        #[source]
+        source: async_nats::SubscribeError,
+    },
 
     #[error("HTTP server: {0}")]
-    Serve(String),
+    Serve(#[source] std::io::Error),
+}
+
+impl Error {
+    /// Whether the same step may succeed later by itself (NATS or etcd away).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Common(e) => e.is_retryable(),
+            Error::Subscribe { .. } => true,
+            Error::Serve(_) => false,
+        }
+    }
+
+    /// How the process ends when this error reaches `main`.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Common(e) => e.exit_code(),
+            Error::Subscribe { .. } | Error::Serve(_) => adspend_common::error::EXIT_FAILURE,
+        }
+    }
 }

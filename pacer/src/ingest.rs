@@ -51,10 +51,7 @@ pub async fn subscribe(client: &async_nats::Client) -> Result<async_nats::Subscr
     client
         .subscribe(subject.clone())
         .await
-        .map_err(|e| Error::Subscribe {
-            subject,
-            reason: e.to_string(),
-        })
+        .map_err(|source| Error::Subscribe { subject, source })
 }
 
 pub async fn run(

@@ -20,42 +20,92 @@ pub mod serve;
 pub mod shape;
 pub mod state;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use adspend_common::nats;
+use adspend_common::service::{self, Context, Service};
 use adspend_common::telemetry::{PACER_STALE_LIMITS, PACER_STALE_SHARDS};
+use tokio::net::TcpListener;
 use tokio::sync::RwLock;
 use tokio_util::sync::CancellationToken;
 
-pub use config::Config;
+pub use config::{Config, Validated};
 pub use error::Error;
 
-/// Serve until `shutdown`.
-pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
-    let settings = config.validate()?;
-    let addr = settings.api_addr;
-    let source = config.catalog.source(&config.etcd)?;
+/// The pacer's sockets, bound before it connects to anything (tests bind
+/// port 0 and read the port back).
+pub struct Listeners {
+    /// The API, the dashboard, `/healthz` and `/metrics`.
+    pub api: TcpListener,
+    /// Only `/healthz` and `/metrics`, when ADSPEND_PACER_OPS_ADDR is set.
+    pub ops: Option<TcpListener>,
+}
+
+impl Service for Validated {
+    const NAME: &'static str = "pacer";
+    type Config = Config;
+    type Listeners = Listeners;
+    type Error = Error;
+
+    fn validate(config: Config) -> Result<Self, Error> {
+        Ok(config.validate()?)
+    }
+
+    fn metrics_addr(&self) -> SocketAddr {
+        self.settings.metrics_addr
+    }
+
+    async fn bind(&self) -> Result<Listeners, Error> {
+        let api = service::bind("pacer API", self.settings.api_addr).await?;
+        let ops = match self.settings.ops_addr {
+            Some(ops) => Some(service::bind("pacer operations", ops).await?),
+            None => None,
+        };
+        Ok(Listeners { api, ops })
+    }
+
+    async fn run(self, listeners: Listeners, context: Context) -> Result<(), Error> {
+        run(self, listeners, context).await
+    }
+}
+
+impl service::Failure for Error {
+    fn exit_code(&self) -> u8 {
+        Error::exit_code(self)
+    }
+}
+
+/// Serve on `listeners` until `context.shutdown`.
+pub async fn run(
+    validated: Validated,
+    listeners: Listeners,
+    context: Context,
+) -> Result<(), Error> {
+    let Validated {
+        config,
+        settings,
+        catalog: source,
+    } = validated;
+    let Context { shutdown, tasks } = context;
+    let addr = listeners.api.local_addr().unwrap_or(settings.api_addr);
     let catalog = source.clone().watch(shutdown.clone()).await?;
     let client = nats::connect(&config.nats, "adspend-pacer").await?;
     let pushes = ingest::subscribe(&client).await?;
     let spend = Arc::new(RwLock::new(state::SpendState {
         stale_after_ms: config.stale_after_ms as i64,
         listening_since_ms: Some(adspend_common::now_ms()),
+        algorithm: config.algorithm,
         ..state::SpendState::default()
     }));
-    let listener = bind("pacer API", addr).await?;
-    let ops_listener = match settings.ops_addr {
-        Some(ops) => Some(bind("pacer operations", ops).await?),
-        None => None,
-    };
-    let ingest_task = tokio::spawn(ingest::run(
+    tasks.spawn(ingest::run(
         client,
         pushes,
         spend.clone(),
         catalog.clone(),
         shutdown.clone(),
     ));
-    let tick_task = tokio::spawn(ticker(spend.clone(), catalog.clone(), shutdown.clone()));
+    tasks.spawn(ticker(spend.clone(), catalog.clone(), shutdown.clone()));
     let scope = |scope| {
         if settings.auth.required(scope) {
             "token"
@@ -65,7 +115,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     };
     tracing::info!(
         addr = %addr,
-        ops_addr = ?settings.ops_addr,
+        ops_addr = ?listeners.ops.as_ref().and_then(|l| l.local_addr().ok()),
         catalog = source.describe(),
         read = scope(auth::Scope::Read),
         decide = scope(auth::Scope::Decide),
@@ -73,42 +123,23 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         request_timeout_ms = settings.http.request_timeout.as_millis() as u64,
         "pacer serving"
     );
-    let ops_task = ops_listener.map(|listener| {
+    if let Some(listener) = listeners.ops {
         let shutdown = shutdown.clone();
-        tokio::spawn(serve::serve(
-            listener,
-            api::ops_router(),
-            settings.http,
-            shutdown,
-        ))
-    });
-    let app = api::router(api::AppState { catalog, spend }, settings.auth.clone());
-    let result = serve::serve(listener, app, settings.http, shutdown.clone())
-        .await
-        .map_err(|e| Error::Serve(e.to_string()));
-    shutdown.cancel();
-    let _ = ingest_task.await;
-    let _ = tick_task.await;
-    if let Some(task) = ops_task {
-        if let Ok(Err(e)) = task.await {
-            tracing::warn!(error = %e, "operations listener failed");
-        }
+        tasks.spawn(async move {
+            let served = serve::serve(listener, api::ops_router(), settings.http, shutdown);
+            if let Err(e) = served.await {
+                tracing::warn!(error = %e, "operations listener failed");
+            }
+        });
     }
+    let app = api::router(api::AppState { catalog, spend }, settings.auth.clone());
+    let result = serve::serve(listeners.api, app, settings.http, shutdown.clone())
+        .await
+        .map_err(Error::Serve);
+    // The ingest, the ticker and the operations listener stop with the API.
+    shutdown.cancel();
     tracing::info!("pacer stopped");
     result
-}
-
-async fn bind(
-    what: &'static str,
-    addr: std::net::SocketAddr,
-) -> Result<tokio::net::TcpListener, Error> {
-    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-        Error::from(adspend_common::Error::Bind {
-            what,
-            addr: addr.to_string(),
-            reason: e.to_string(),
-        })
-    })
 }
 
 const TICK: std::time::Duration = std::time::Duration::from_secs(1);

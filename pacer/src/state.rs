@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use adspend_common::types::{SumsUpdate, LIFETIME_BUCKET};
 
-use crate::controller::Controller;
+use crate::controller::{Algorithm, Controller};
 use crate::shape::TrafficShape;
 
 /// Buckets kept per limit: today in any zone plus a little history.
@@ -139,6 +139,8 @@ pub struct SpendState {
     /// heard from at all, every limit is stale once this is `stale_after_ms`
     /// old. `None` (tests, benches): never stale for want of any shard.
     pub listening_since_ms: Option<i64>,
+    /// The pacing served (`ADSPEND_PACER_ALGORITHM`).
+    pub algorithm: Algorithm,
 }
 
 impl Default for SpendState {
@@ -151,6 +153,7 @@ impl Default for SpendState {
             pacing: HashMap::new(),
             stale_after_ms: DEFAULT_STALE_AFTER_MS,
             listening_since_ms: None,
+            algorithm: Algorithm::Adspend,
         }
     }
 }

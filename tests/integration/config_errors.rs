@@ -1,7 +1,7 @@
-//! A bad setting or an unreachable dependency ends a service with one clear
-//! error line and exit code 1, never a panic. A value that does not even
-//! parse as its setting's type is refused earlier, by the argument parser,
-//! which exits 2 and names the setting's flag.
+//! How a service ends, one clear error line and never a panic: exit 64 for
+//! a bad setting (one that does not parse as its type, is out of range, or
+//! fails validation), exit 1 for a dependency that cannot be reached, exit
+//! 0 after SIGTERM.
 
 use std::time::Duration;
 
@@ -9,11 +9,14 @@ use adspend_tests::harness::free_port;
 
 use crate::support::{Backends, Pipeline};
 
-/// What the services' `main` returns for an error from validation or
-/// startup (`ExitCode::FAILURE`).
-const EXIT_ERROR: i32 = 1;
-/// What clap exits with when a value does not parse as its setting's type.
-const EXIT_USAGE: i32 = 2;
+/// A bad setting (`EX_USAGE`).
+const EXIT_BAD_SETTING: i32 = 64;
+/// An outage or any other failure.
+const EXIT_FAILURE: i32 = 1;
+/// Stopped by SIGTERM.
+const EXIT_CLEAN: i32 = 0;
+
+const SERVICES: [&str; 3] = ["limiter", "aggregator", "pacer"];
 
 /// Runs `service` with `extra` settings until it exits, checks the exit code
 /// and that it did not panic, and returns its log.
@@ -33,8 +36,15 @@ async fn exits_with(p: &Pipeline, service: &str, extra: &[(&str, &str)], code: i
     log
 }
 
-async fn fails_with(p: &Pipeline, service: &str, extra: &[(&str, &str)], expected: &str) {
-    let log = exits_with(p, service, extra, EXIT_ERROR).await;
+/// Exits with `code` and an error line holding `expected`; returns the line.
+async fn fails_with(
+    p: &Pipeline,
+    service: &str,
+    extra: &[(&str, &str)],
+    code: i32,
+    expected: &str,
+) -> String {
+    let log = exits_with(p, service, extra, code).await;
     // The error line is the service's last word; the NATS client's own
     // "closed" event may still be logged after it, from a background task.
     let prefix = format!("{service}: error: ");
@@ -47,78 +57,40 @@ async fn fails_with(p: &Pipeline, service: &str, extra: &[(&str, &str)], expecte
         last.contains(expected),
         "{service} with {extra:?}: no error line with {expected:?} in:\n{log}"
     );
+    last.to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_settings_and_unreachable_dependencies_fail_clearly() {
+async fn unreachable_dependencies_exit_1() {
     let p = Pipeline::start(Backends::default(), 10).await;
     let nowhere_nats = format!("nats://127.0.0.1:{}", free_port());
     let nowhere_etcd = format!("127.0.0.1:{}", free_port());
-    fails_with(
-        &p,
-        "limiter",
-        &[("ADSPEND_NATS_URL", &nowhere_nats)],
-        "cannot reach NATS",
-    )
-    .await;
-    fails_with(
-        &p,
-        "pacer",
-        &[("ADSPEND_NATS_URL", &nowhere_nats)],
-        "cannot reach NATS",
-    )
-    .await;
+    for service in SERVICES {
+        fails_with(
+            &p,
+            service,
+            &[("ADSPEND_NATS_URL", &nowhere_nats)],
+            EXIT_FAILURE,
+            "cannot reach NATS",
+        )
+        .await;
+    }
     fails_with(
         &p,
         "aggregator",
         &[("ADSPEND_ETCD_ENDPOINTS", &nowhere_etcd)],
+        EXIT_FAILURE,
         "cannot reach etcd",
     )
     .await;
-    fails_with(
-        &p,
-        "aggregator",
-        &[("ADSPEND_AGGREGATOR_PARTITIONS", "auto")],
-        "set ADSPEND_ETCD_ENDPOINTS",
-    )
-    .await;
-    fails_with(
-        &p,
-        "aggregator",
-        &[
-            ("ADSPEND_AGGREGATOR_PARTITIONS", "auto"),
-            ("ADSPEND_ETCD_ENDPOINTS", &nowhere_etcd),
-            ("ADSPEND_AGGREGATOR_ID", "no/slashes"),
-        ],
-        "ADSPEND_AGGREGATOR_ID",
-    )
-    .await;
-    fails_with(
-        &p,
-        "aggregator",
-        &[("ADSPEND_OBJECT_STORE_URL", "ftp://x")],
-        "ADSPEND_OBJECT_STORE_URL",
-    )
-    .await;
-    fails_with(
-        &p,
-        "pacer",
-        &[("ADSPEND_PACER_ADDR", "not-an-address")],
-        "ADSPEND_PACER_ADDR",
-    )
-    .await;
+    // A catalog that cannot be read or does not hold together is not a
+    // setting of ours: it is fixed where it is kept.
     fails_with(
         &p,
         "limiter",
         &[("ADSPEND_CATALOG", "/nonexistent/catalog.json")],
+        EXIT_FAILURE,
         "/nonexistent/catalog.json",
-    )
-    .await;
-    fails_with(
-        &p,
-        "limiter",
-        &[("ADSPEND_CATALOG", "etcd:///adspend/catalog")],
-        "ADSPEND_ETCD_ENDPOINTS",
     )
     .await;
     let bad_catalog = p.dir.path().join("bad.json");
@@ -131,10 +103,76 @@ async fn bad_settings_and_unreachable_dependencies_fail_clearly() {
         &p,
         "pacer",
         &[("ADSPEND_CATALOG", bad_catalog.to_str().unwrap())],
+        EXIT_FAILURE,
         "limit \"b\" is not in",
     )
     .await;
+    // A port another process holds.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    fails_with(
+        &p,
+        "pacer",
+        &[("ADSPEND_PACER_ADDR", &taken)],
+        EXIT_FAILURE,
+        "cannot bind pacer API",
+    )
+    .await;
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_settings_exit_64_naming_the_setting() {
+    let p = Pipeline::start(Backends::default(), 10).await;
+    let nowhere_etcd = format!("127.0.0.1:{}", free_port());
+    // Refused by validation, before anything is bound or connected (the
+    // etcd named here is never reached).
+    for (service, extra, expected) in [
+        (
+            "aggregator",
+            &[("ADSPEND_AGGREGATOR_PARTITIONS", "auto")][..],
+            "set ADSPEND_ETCD_ENDPOINTS",
+        ),
+        (
+            "aggregator",
+            &[
+                ("ADSPEND_AGGREGATOR_PARTITIONS", "auto"),
+                ("ADSPEND_ETCD_ENDPOINTS", &nowhere_etcd),
+                ("ADSPEND_AGGREGATOR_ID", "no/slashes"),
+            ],
+            "ADSPEND_AGGREGATOR_ID",
+        ),
+        (
+            "aggregator",
+            &[("ADSPEND_AGGREGATOR_PARTITIONS", "1,99")],
+            "ADSPEND_AGGREGATOR_PARTITIONS",
+        ),
+        (
+            "aggregator",
+            &[("ADSPEND_OBJECT_STORE_URL", "ftp://x")],
+            "ADSPEND_OBJECT_STORE_URL",
+        ),
+        (
+            "pacer",
+            &[("ADSPEND_PACER_ADDR", "not-an-address")],
+            "ADSPEND_PACER_ADDR",
+        ),
+        (
+            "limiter",
+            &[("ADSPEND_METRICS_ADDR", "nowhere")],
+            "ADSPEND_METRICS_ADDR",
+        ),
+        (
+            "limiter",
+            &[("ADSPEND_CATALOG", "etcd:///adspend/catalog")],
+            "ADSPEND_ETCD_ENDPOINTS",
+        ),
+    ] {
+        let line = fails_with(&p, service, extra, EXIT_BAD_SETTING, expected).await;
+        assert!(line.contains("invalid setting"), "{line}");
+    }
+
+    // Refused by the argument parser: not a number, or out of range. The
+    // line names the flag and the variable.
     for (service, setting, value, flag) in [
         ("limiter", "ADSPEND_PARTITIONS", "abc", "--partitions"),
         ("limiter", "ADSPEND_PARTITIONS", "0", "--partitions"),
@@ -144,11 +182,62 @@ async fn bad_settings_and_unreachable_dependencies_fail_clearly() {
             "-5",
             "--dedupe-window-ms",
         ),
+        (
+            "aggregator",
+            "ADSPEND_LEASE_TTL_MS",
+            "100",
+            "--lease-ttl-ms",
+        ),
+        (
+            "pacer",
+            "ADSPEND_PACER_STALE_AFTER_MS",
+            "soon",
+            "--stale-after-ms",
+        ),
+        (
+            "pacer",
+            "ADSPEND_PACER_MAX_CONNECTIONS",
+            "0",
+            "--max-connections",
+        ),
     ] {
-        let log = exits_with(&p, service, &[(setting, value)], EXIT_USAGE).await;
+        let line = fails_with(
+            &p,
+            service,
+            &[(setting, value)],
+            EXIT_BAD_SETTING,
+            &format!("invalid value '{value}' for '{flag}"),
+        )
+        .await;
         assert!(
-            log.contains(&format!("invalid value '{value}' for '{flag}")),
-            "{service} with {setting}={value}: no parse error naming {flag} in:\n{log}"
+            line.ends_with(&format!("({flag} or {setting})")),
+            "{service} with {setting}={value}: the line does not name {setting}: {line}"
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_every_service_with_exit_0() {
+    let p = Pipeline::start(Backends::default(), 10).await;
+    for (service, running) in [
+        ("aggregator", "aggregator running"),
+        ("limiter", "limiter running"),
+        ("pacer", "pacer serving"),
+    ] {
+        let mut process = p.spawn(service);
+        process
+            .wait_for_log(running, Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("{service} did not start: {e}\n{}", process.log_tail(30)));
+        let status = process
+            .terminate(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{service} did not stop: {e}"));
+        let log = process.log_tail(30);
+        assert_eq!(
+            status.code(),
+            Some(EXIT_CLEAN),
+            "{service} after SIGTERM: {status:?}\n{log}"
+        );
+        assert!(!log.contains(&format!("{service}: error")), "{log}");
     }
 }

@@ -3,11 +3,14 @@
 
 mod catalog_watch;
 mod chaos;
+mod closed_loop;
 mod cluster;
 mod config_errors;
 mod dashboard;
 mod deadletter;
 mod decisions;
+mod etcd_tls;
+mod fair;
 mod harness_selftest;
 mod membership;
 mod nats_auth;

@@ -1,8 +1,9 @@
 //! NATS accounts and TLS (deploy/nats-auth.conf, scripts/nats-auth.sh): the
 //! services run with their own least-privilege users over TLS and the
 //! pipeline stays exact; an ad server can publish impressions and nothing
-//! else; clients without credentials, with a wrong password or without TLS
-//! are refused; a wrong TLS setting is a config error naming it.
+//! else; a user cannot subscribe to another user's inbox (replies); clients
+//! without credentials, with a wrong password or without TLS are refused; a
+//! wrong TLS setting is a config error naming it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::{assert_exact, sim_config, Backends, Pipeline};
 
-const ROLES: [&str; 4] = ["adserver", "limiter", "aggregator", "pacer"];
+const ROLES: [&str; 5] = ["adserver", "limiter", "aggregator", "pacer", "auditor"];
 
 /// What scripts/nats-auth.sh generated for one test.
 struct Auth {
@@ -133,14 +134,27 @@ async fn refused(errors: &Arc<Mutex<Vec<String>>>, subject: &str) -> bool {
     .is_ok()
 }
 
+/// Whether the server has reported a permissions violation for a
+/// subscription to `subject` on this connection (within 5 s).
+async fn subscription_refused(errors: &Arc<Mutex<Vec<String>>>, subject: &str) -> bool {
+    let needle = format!("permissions violation for subscription to \"{subject}\"").to_lowercase();
+    wait_until(Duration::from_secs(5), Duration::from_millis(20), || {
+        let found = errors.lock().unwrap().iter().any(|e| e.contains(&needle));
+        async move { found }
+    })
+    .await
+    .is_ok()
+}
+
 fn spawn_as(p: &Pipeline, auth: &Auth, service: &str) -> adspend_tests::harness::ServiceProcess {
     let env = auth.env(service);
     let extra: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     p.spawn_with(service, free_port(), &extra)
 }
 
-/// The limiter has created IMPRESSIONS and its consumer (the ad server may
-/// not look, so ask the monitoring endpoint).
+/// The limiter has created IMPRESSIONS (the ad server may not look, so ask
+/// the monitoring endpoint). Its consumers come with the first input: one per
+/// source under fair scheduling.
 async fn wait_limiter_consumer(nats: &NatsServer) {
     let url = format!(
         "{}/jsz?accounts=true&streams=true&consumers=true",
@@ -153,14 +167,14 @@ async fn wait_limiter_consumer(nats: &NatsServer) {
                 Ok(r) => r.text().await.is_ok_and(|body| {
                     // Indented JSON: compare without the whitespace.
                     let body: String = body.split_whitespace().collect();
-                    body.contains("\"stream_name\":\"IMPRESSIONS\"")
+                    body.contains("\"name\":\"IMPRESSIONS\"")
                 }),
                 Err(_) => false,
             }
         }
     })
     .await
-    .expect("the limiter did not create its IMPRESSIONS consumer");
+    .expect("the limiter did not create IMPRESSIONS");
 }
 
 fn forged_push(limit: &str, lifetime_micros: u64) -> Vec<u8> {
@@ -179,6 +193,21 @@ fn forged_push(limit: &str, lifetime_micros: u64) -> Vec<u8> {
             lifetime_micros,
             lifetime_events: 1_000_000,
         }],
+    })
+}
+
+/// A push of no sums from a shard of its own: it changes no limit, and the
+/// pacer lists the shard once it has applied it.
+fn barrier_push() -> Vec<u8> {
+    encode_sums(&SumsUpdate {
+        shard: "barrier".into(),
+        epoch: 1,
+        seq: 0,
+        push_seq: 1,
+        full: false,
+        watermark_ms: 0,
+        source_ms: 0,
+        entries: Vec::new(),
     })
 }
 
@@ -215,6 +244,28 @@ async fn services_with_their_own_users_over_tls_are_exact_and_an_ad_server_is_co
         violations.join("\n")
     );
 
+    // The auditor reads IMPRESSIONS back (the compose cluster's checks do)
+    // and may not write to it.
+    let (auditor, auditor_errors) = connect(&auth.args(&p.nats.url(), "auditor"))
+        .await
+        .expect("the auditor connects");
+    let read_back = adspend_tests::stream_truth::truth_from_stream(&auditor, &p.catalog)
+        .await
+        .expect("the auditor reads IMPRESSIONS");
+    assert_eq!(
+        read_back.limits, truth.limits,
+        "IMPRESSIONS as the auditor reads it"
+    );
+    auditor
+        .publish("impressions.audit", "{}".into())
+        .await
+        .expect("publish is buffered");
+    auditor.flush().await.expect("flush");
+    assert!(
+        refused(&auditor_errors, "impressions.audit").await,
+        "the auditor may publish impressions"
+    );
+
     // The ad server may not write spend, pushes, resyncs or dead letters, nor
     // touch JetStream's API.
     let before = p.lifetimes().await.expect("pacer limits");
@@ -239,8 +290,34 @@ async fn services_with_their_own_users_over_tls_are_exact_and_an_ad_server_is_co
             adserver_errors.lock().unwrap()
         );
     }
-    // Give a delivered push ample time to land, then compare.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A barrier, not a wait: the server answered each forged publish (the
+    // refusals above) before this push is sent, and hands the pacer's one
+    // subscription its messages in the order it routed them, which the
+    // pacer applies one by one. Once the barrier's shard shows, a forged
+    // push that had got through would have landed.
+    let (aggregator, _) = connect(&auth.args(&p.nats.url(), "aggregator"))
+        .await
+        .expect("aggregator user connects");
+    aggregator
+        .publish("adspend.sums.barrier", barrier_push().into())
+        .await
+        .expect("publish");
+    aggregator.flush().await.expect("flush");
+    let shards_url = format!("{}/v1/shards", p.pacer_url());
+    wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
+        let url = shards_url.clone();
+        async move {
+            match reqwest::get(&url).await {
+                Ok(r) => r
+                    .text()
+                    .await
+                    .is_ok_and(|body| body.contains("\"shard\":\"barrier\"")),
+                Err(_) => false,
+            }
+        }
+    })
+    .await
+    .expect("the barrier push from the aggregator user did not reach the pacer");
     assert_eq!(
         p.lifetimes().await.expect("pacer limits"),
         before,
@@ -250,9 +327,6 @@ async fn services_with_their_own_users_over_tls_are_exact_and_an_ad_server_is_co
 
     // The same bytes from the aggregator's user do move it: the forgery was
     // one that would have counted.
-    let (aggregator, _) = connect(&auth.args(&p.nats.url(), "aggregator"))
-        .await
-        .expect("aggregator user connects");
     aggregator
         .publish("adspend.sums.forged", forged.into())
         .await
@@ -282,6 +356,42 @@ async fn clients_without_credentials_or_tls_are_refused() {
     connect(&auth.args(&url, "pacer"))
         .await
         .expect("the pacer user connects over TLS");
+
+    // Inboxes: the limiter's replies come below its own prefix, where it may
+    // listen; another user's prefix and the shared `_INBOX.>` are refused.
+    let (limiter, limiter_errors) = connect(&auth.args(&url, "limiter"))
+        .await
+        .expect("limiter user connects");
+    let inbox = limiter.new_inbox();
+    assert!(inbox.starts_with("_INBOX_limiter."), "{inbox}");
+    let own = limiter
+        .subscribe(format!(
+            "{}.>",
+            adspend_common::nats::inbox_prefix("limiter")
+        ))
+        .await
+        .expect("subscribe");
+    for subject in ["_INBOX_aggregator.>", "_INBOX_adserver.>", "_INBOX.>"] {
+        let _refused = limiter.subscribe(subject).await.expect("subscribe is sent");
+        limiter.flush().await.expect("flush");
+        assert!(
+            subscription_refused(&limiter_errors, subject).await,
+            "no permissions violation for the limiter's subscription to {subject}; server errors: {:?}",
+            limiter_errors.lock().unwrap()
+        );
+    }
+    limiter.flush().await.expect("flush");
+    let own_prefix = "_INBOX_limiter.".to_lowercase();
+    assert!(
+        !limiter_errors
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.contains(&own_prefix)),
+        "the limiter was refused its own inbox: {:?}",
+        limiter_errors.lock().unwrap()
+    );
+    drop(own);
 
     let no_user = NatsArgs {
         nats_tls_ca: Some(auth.ca()),
@@ -433,6 +543,7 @@ async fn wrong_nats_credential_settings_are_config_errors_naming_them() {
         .await
         .expect("the limiter kept running with a missing CA file");
     let log = limiter.log_tail(20);
-    assert_eq!(status.code(), Some(1), "{log}");
+    // A bad setting: exit 64 (EX_USAGE).
+    assert_eq!(status.code(), Some(64), "{log}");
     assert!(log.contains("ADSPEND_NATS_TLS_CA"), "{log}");
 }

@@ -4,14 +4,15 @@
 use std::time::Duration;
 
 use adspend_aggregator::record::CheckpointRecord;
+use adspend_common::service::Context;
 use adspend_tests::harness::free_port;
 use clap::Parser;
-use tokio_util::sync::CancellationToken;
 
 use crate::support::{assert_exact, sim_config, Backends, Pipeline, BUCKET};
 
 /// The services run in-process through their `run` functions, configured
-/// through the same flags an operator would use.
+/// through the same flags an operator would use, validated once, with the
+/// pacer's listener bound here; every task they track ends on shutdown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn in_process_pipeline_is_exact_with_duplicates() {
     let p = Pipeline::start(Backends::default(), 300).await;
@@ -26,41 +27,48 @@ async fn in_process_pipeline_is_exact_with_duplicates() {
     };
     let catalog = format!("--catalog={}", p.catalog_path.display());
     let partitions = "--partitions=4".to_string();
-    let shutdown = CancellationToken::new();
+    let context = Context::new();
     let limiter = adspend_limiter::Config::parse_from(args(&[
         partitions.clone(),
         catalog.clone(),
         "--checkpoint-interval-ms=300".into(),
-    ]));
+    ]))
+    .validate()
+    .unwrap();
     let aggregator = adspend_aggregator::Config::parse_from(args(&[
         partitions,
         format!("--data-dir={}", p.aggregator_dir().display()),
-    ]));
-    let pacer = adspend_pacer::Config::parse_from(args(&[
-        catalog,
-        format!("--pacer-addr={}", p.pacer_addr),
-    ]));
+    ]))
+    .validate()
+    .unwrap();
+    let pacer = adspend_pacer::Config::parse_from(args(&[catalog]))
+        .validate()
+        .unwrap();
+    let pacer_listeners = adspend_pacer::Listeners {
+        api: tokio::net::TcpListener::bind(&p.pacer_addr).await.unwrap(),
+        ops: None,
+    };
     let tasks = [
         tokio::spawn({
-            let s = shutdown.clone();
+            let c = context.clone();
             async move {
-                adspend_aggregator::run(aggregator, s)
+                adspend_aggregator::run(aggregator, c)
                     .await
                     .map_err(|e| e.to_string())
             }
         }),
         tokio::spawn({
-            let s = shutdown.clone();
+            let c = context.clone();
             async move {
-                adspend_limiter::run(limiter, s)
+                adspend_limiter::run(limiter, c)
                     .await
                     .map_err(|e| e.to_string())
             }
         }),
         tokio::spawn({
-            let s = shutdown.clone();
+            let c = context.clone();
             async move {
-                adspend_pacer::run(pacer, s)
+                adspend_pacer::run(pacer, pacer_listeners, c)
                     .await
                     .map_err(|e| e.to_string())
             }
@@ -93,7 +101,7 @@ async fn in_process_pipeline_is_exact_with_duplicates() {
         record.size_bytes
     );
 
-    shutdown.cancel();
+    context.shutdown.cancel();
     for task in tasks {
         let result = tokio::time::timeout(Duration::from_secs(20), task)
             .await
@@ -101,6 +109,10 @@ async fn in_process_pipeline_is_exact_with_duplicates() {
             .expect("service task panicked");
         assert_eq!(result, Ok(()));
     }
+    context.tasks.close();
+    tokio::time::timeout(Duration::from_secs(20), context.tasks.wait())
+        .await
+        .expect("tracked tasks still running after shutdown");
 }
 
 /// Real processes, snapshots in the S3 server, checkpoint records and the

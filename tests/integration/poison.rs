@@ -13,7 +13,7 @@ use futures::StreamExt;
 
 use crate::support::{assert_exact, metric, sim_config, Backends, Pipeline};
 
-const SET_ASIDE: &str = "adspend_spend_set_aside_total{reason=\"undecodable\"}";
+const SET_ASIDE: &str = "adspend_aggregator_spend_set_aside_total{reason=\"undecodable\"}";
 
 /// Publish raw bytes on a `SPEND` subject; returns the stream sequence.
 async fn publish_raw(p: &Pipeline, subject: &str, payload: Vec<u8>) -> u64 {
@@ -144,7 +144,7 @@ async fn undecodable_spend_messages_are_set_aside_and_replay_sets_them_aside_aga
     assert_eq!(held, poisoned.len() as u64, "dead letters in DEADLETTER");
 }
 
-const OVERFLOWED: &str = "adspend_spend_set_aside_total{reason=\"sum_overflow\"}";
+const OVERFLOWED: &str = "adspend_aggregator_spend_set_aside_total{reason=\"sum_overflow\"}";
 
 /// The poison pill of the report: two impressions whose costs together pass
 /// u64 micros for one limit. The second tuple is set aside (dead lettered

@@ -9,6 +9,7 @@ pub mod chaos;
 pub mod check;
 pub mod cluster;
 pub mod harness;
+pub mod limiter_progress;
 pub mod pipeline;
 pub mod sim;
 pub mod stream_truth;

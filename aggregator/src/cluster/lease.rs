@@ -40,13 +40,7 @@ pub async fn grant(client: &mut Client, ttl: Duration) -> Result<Lease, Error> {
     let granted = client
         .lease_grant(ttl_seconds(ttl), None)
         .await
-        .map_err(|e| {
-            Error::Common(adspend_common::Error::Etcd {
-                op: "lease grant",
-                key: String::new(),
-                reason: e.to_string(),
-            })
-        })?;
+        .map_err(|e| Error::Common(adspend_common::Error::etcd("lease grant", "")(e)))?;
     let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(0));
     let validity = Validity::new(Duration::ZERO);
     validity.extend_to(sent + ttl / 2);

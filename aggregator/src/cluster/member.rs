@@ -112,7 +112,7 @@ impl Member {
                 lost.clone(),
                 background.clone(),
             );
-            tokio::spawn(async move {
+            self.ctx.tasks.spawn(async move {
                 let end = lease::keep_alive(etcd, &lease, stop).await;
                 lost.cancel();
                 end
@@ -120,7 +120,7 @@ impl Member {
         };
         let changed = Arc::new(Notify::new());
         for prefix in [MEMBERS_PREFIX, PARTITIONS_PREFIX] {
-            tokio::spawn(watch_prefix(
+            self.ctx.tasks.spawn(watch_prefix(
                 self.ctx.etcd.clone(),
                 prefix,
                 changed.clone(),
@@ -145,15 +145,14 @@ impl Member {
             match tokio::time::timeout(self.ctx.ttl / 2, self.reconcile())
                 .await
                 .unwrap_or_else(|_| {
-                    Err(Error::Common(adspend_common::Error::Etcd {
-                        op: "reconcile",
-                        key: "/adspend/".into(),
-                        reason: "timed out".into(),
+                    Err(Error::Common(adspend_common::Error::Timeout {
+                        what: "etcd reconcile of /adspend/".into(),
+                        after: self.ctx.ttl / 2,
                     }))
                 }) {
                 Ok(()) => {}
                 Err(Error::LeaseLost { shard }) => break Ok(Served::LeaseLost(shard)),
-                Err(e @ Error::Common(adspend_common::Error::Etcd { .. })) => {
+                Err(e) if e.is_retryable() => {
                     tracing::warn!(error = %e, "reconcile failed; retrying");
                 }
                 Err(e) => break Err(e),

@@ -36,6 +36,7 @@ use crate::snapshot_store::SnapshotStore;
 use adspend_common::telemetry::AGGREGATOR_LEASES_LOST_TOTAL;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::error::Error;
@@ -61,14 +62,8 @@ pub fn owner_key(partition: u32) -> String {
 }
 
 pub(super) fn etcd_err(op: &'static str, key: &str) -> impl FnOnce(etcd_client::Error) -> Error {
-    let key = key.to_string();
-    move |e| {
-        Error::Common(adspend_common::Error::Etcd {
-            op,
-            key,
-            reason: e.to_string(),
-        })
-    }
+    let etcd = adspend_common::Error::etcd(op, key);
+    move |e| Error::Common(etcd(e))
 }
 
 /// What every member of this process shares.
@@ -81,17 +76,21 @@ pub(super) struct Context {
     pub(super) nats: async_nats::Client,
     pub(super) etcd: Client,
     pub(super) ttl: Duration,
+    /// The process's tracked tasks: partition shards and the lease
+    /// keeper and watches, all ended by shutdown.
+    pub(super) tasks: TaskTracker,
 }
 
 /// Join, serve, and rejoin after a lost lease, until `shutdown`.
 pub async fn run(
     config: &Config,
+    id: String,
     snapshots: SnapshotStore,
     nats: async_nats::Client,
     shutdown: CancellationToken,
+    tasks: TaskTracker,
 ) -> Result<(), Error> {
-    let id = config.member_id()?;
-    let mut etcd = adspend_common::etcd::connect(&config.etcd.endpoints()).await?;
+    let mut etcd = adspend_common::etcd::connect(&config.etcd).await?;
     agree_on_partition_count(&mut etcd, &id, config.partitions.partitions).await?;
     let context = Arc::new(Context {
         id,
@@ -102,6 +101,7 @@ pub async fn run(
         nats,
         etcd,
         ttl: config.lease_ttl(),
+        tasks,
     });
     let mut first = true;
     loop {

@@ -170,7 +170,7 @@ impl Member {
         let stop = shard::Stop::new(CancellationToken::new());
         let started_tx = self.started_tx.clone();
         let run_stop = stop.clone();
-        let task = tokio::spawn(async move {
+        let task = self.ctx.tasks.spawn(async move {
             let (tx, rx) = oneshot::channel();
             let run = shard::run(spec, run_stop, Some(tx));
             tokio::pin!(run);
@@ -241,7 +241,7 @@ impl Member {
             let result = running
                 .task
                 .await
-                .unwrap_or_else(|e| Err(Error::Task("shard", e.to_string())));
+                .unwrap_or_else(|e| Err(Error::task("shard")(e)));
             match (result, running.stopping) {
                 (Ok(()), Stopping::Handover(asked)) => {
                     self.release(partition).await;
@@ -250,7 +250,7 @@ impl Member {
                 }
                 (Ok(()), _) => {}
                 (Err(e @ Error::LeaseLost { .. }), _) => return Err(e),
-                (Err(Error::Common(e @ adspend_common::Error::Fenced { .. })), _) => {
+                (Err(e), _) if e.lost_ownership() => {
                     // A newer owner epoch exists: this partition is not ours.
                     tracing::warn!(partition, error = %e, "partition fenced; letting go");
                     self.release(partition).await;

@@ -5,7 +5,7 @@ use adspend_common::catalog::Catalog;
 use chrono::{DateTime, Utc};
 
 use super::verdict::{elapsed_fraction, period_spend, plan_micros, verdict};
-use crate::controller::{Gains, Observation};
+use crate::controller::{baseline_step, Algorithm, Gains, Observation};
 use crate::state::{Pacing, Point, SpendState};
 
 /// Most points kept per limit; when full, every other point is dropped, so
@@ -71,8 +71,16 @@ pub fn tick(
                 ..Pacing::default()
             };
         }
-        if let Some(obs) = observation {
-            pacing.controller.step(&obs, dt_min, gains);
+        match (observation, state.algorithm) {
+            (Some(obs), Algorithm::Adspend) => {
+                pacing.controller.step(&obs, dt_min, gains);
+            }
+            (Some(obs), Algorithm::Baseline) => {
+                let even = elapsed_fraction(limit, now).map_or(1.0, |(f, _)| f);
+                let c = &mut pacing.controller;
+                c.multiplier = baseline_step(c.multiplier, even, obs.spent, dt_min);
+            }
+            (None, _) => {}
         }
         if record {
             // The multiplier the API serves (guard and exhaustion included).

@@ -5,7 +5,7 @@ use adspend_common::catalog::{Catalog, Limit, Period};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::controller::lag_guard;
+use crate::controller::{lag_guard, Algorithm};
 use crate::state::{LimitSums, SpendState};
 
 /// Fraction of the period elapsed at `now` and the period's length in ms
@@ -57,7 +57,9 @@ pub fn verdict(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> Verdict
     let spend = period_spend(limit, sums, now);
     let remaining = limit.budget_micros.saturating_sub(spend);
     let typical = sums.map_or(0.0, |s| s.avg_cost);
-    let exhausted = remaining == 0 || (remaining as f64) < typical;
+    let baseline = state.algorithm == Algorithm::Baseline;
+    // The baseline stops when the visible spend reaches the budget.
+    let exhausted = remaining == 0 || (!baseline && (remaining as f64) < typical);
     let watermark_ms = state.watermark_ms(sums);
     let stale = state.limit_stale(sums, now.timestamp_millis());
     let staleness_ms = watermark_ms.map_or(0, |w| (now.timestamp_millis() - w).max(0));
@@ -89,6 +91,8 @@ pub fn verdict(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> Verdict
         // in-flight estimate comes from the very pushes that stopped.
         multiplier: if exhausted || stale {
             0.0
+        } else if baseline {
+            controlled
         } else {
             controlled.min(guard.cap)
         },

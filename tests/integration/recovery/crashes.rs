@@ -131,17 +131,23 @@ async fn etcd_crash_mid_run_pauses_checkpoints_only() {
     let mut aggregator = p.aggregator.take().unwrap();
     let client = p.client().await;
     let catalog = p.catalog.clone();
+    // Publishing goes on until spend is seen reaching the pacer with etcd
+    // down: a fixed count could run out first on a loaded machine, while the
+    // checkpoint attempt is still waiting out etcd's timeout.
     let config = SimConfig {
-        events: Some(27_000),
+        events: None,
         rate: 3_000.0,
         duplicate_rate: 0.1,
         batch: 25,
         seed: 71,
         ..SimConfig::default()
     };
-    let publisher = tokio::spawn(async move {
-        adspend_tests::sim::run(&client, &config, &catalog, CancellationToken::new()).await
-    });
+    let stop_publishing = CancellationToken::new();
+    let stop = stop_publishing.clone();
+    let publisher =
+        tokio::spawn(
+            async move { adspend_tests::sim::run(&client, &config, &catalog, stop).await },
+        );
     let before = wait_record(&p, "a sequence", |r| r.seq > 0).await;
 
     let offset = log_len(&aggregator);
@@ -160,6 +166,7 @@ async fn etcd_crash_mid_run_pauses_checkpoints_only() {
     .await
     .expect("spend stopped reaching the pacer while etcd was down");
     assert!(aggregator.is_running(), "{}", aggregator.log_tail(20));
+    stop_publishing.cancel();
 
     let restarted_ms = adspend_common::now_ms();
     p.etcd.as_mut().unwrap().restart().await;

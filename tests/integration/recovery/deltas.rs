@@ -5,12 +5,10 @@
 
 use std::time::Instant;
 
-use crate::support::{assert_exact, sim_config, Pipeline, BUCKET};
+use crate::support::{assert_exact, sim_config, Pipeline};
 
-use super::{
-    checksum, delete_object, etcd_record, expect_refusal, log_len, log_since, merged, report,
-    running_line, wait_record, wipe_lmdb, ETCD_S3, SETTLE, START,
-};
+use super::snapshots::refuse_lost_then_corrupt;
+use super::{etcd_record, merged, report, wait_record, wipe_lmdb, ETCD_S3, SETTLE, START};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cold_restore_applies_every_delta_and_refuses_a_damaged_one_by_name() {
@@ -50,9 +48,7 @@ async fn cold_restore_applies_every_delta_and_refuses_a_damaged_one_by_name() {
         record.seq == record.deltas.last().unwrap().seq,
         "{record:?}"
     );
-    let lmdb = wipe_lmdb(&p);
-
-    let s3 = p.s3.as_ref().unwrap();
+    wipe_lmdb(&p);
     let delta = record
         .deltas
         .iter()
@@ -60,45 +56,17 @@ async fn cold_restore_applies_every_delta_and_refuses_a_damaged_one_by_name() {
         .unwrap()
         .clone();
     let key = format!("snapshots/{}", delta.key);
-    let original = s3
-        .get_object(BUCKET, &key)
-        .await
-        .unwrap()
-        .expect("the recorded delta is in S3");
-    assert_eq!(original.len() as u64, delta.size_bytes);
-    assert_eq!(checksum(&original), delta.checksum);
-
-    // Deleted.
-    delete_object(&p, &key).await.unwrap();
-    let error = expect_refusal(&mut aggregator).await;
-    assert!(error.contains(&delta.key), "{error}");
-    assert!(!lmdb.join("data.mdb").exists(), "empty LMDB created");
-
-    // Corrupted: same size, so only the checksum can tell.
-    let mut corrupt = original.to_vec();
-    let middle = corrupt.len() / 2;
-    for byte in &mut corrupt[middle..middle + 16] {
-        *byte ^= 0x5A;
-    }
-    s3.put_object(BUCKET, &key, corrupt).await.unwrap();
-    let error = expect_refusal(&mut aggregator).await;
-    assert!(
-        error.contains(&delta.key) && error.contains("corrupt"),
-        "{error}"
-    );
-    assert!(!lmdb.join("data.mdb").exists(), "empty LMDB created");
-    assert_eq!(etcd_record(&p).await.unwrap(), record, "record changed");
-
-    // Back intact: base + deltas land exactly on the record, and the pacer
-    // equals the truth, including what comes after.
-    s3.put_object(BUCKET, &key, original).await.unwrap();
-    let offset = log_len(&aggregator);
-    aggregator.restart();
-    aggregator
-        .wait_for_log("aggregator running", START)
-        .await
-        .expect("aggregator restored");
-    let (_, start, last_applied) = running_line(&log_since(&aggregator, offset));
+    let (_, start, last_applied) = refuse_lost_then_corrupt(
+        &p,
+        &mut aggregator,
+        &record,
+        &key,
+        &delta.key,
+        (delta.size_bytes, &delta.checksum),
+    )
+    .await;
+    // Base + deltas land exactly on the record, and the pacer equals the
+    // truth, including what comes after.
     assert_eq!(start, "cold");
     assert_eq!(last_applied, record.seq, "restored exactly to the record");
     runs.push(p.publish(&sim_config(2_000, 99)).await);

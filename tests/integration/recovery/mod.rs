@@ -28,6 +28,7 @@ use adspend_aggregator::store::{Store, DEFAULT_MAP_SIZE};
 use adspend_common::codec::encode_spend;
 use adspend_common::types::{CheckpointMarker, SpendMessage};
 use adspend_tests::harness::{wait_until, wait_until_ok, ServiceProcess};
+use adspend_tests::limiter_progress::limiter_backlog;
 use adspend_tests::sim::Truth;
 use anyhow::Context;
 use async_nats::jetstream;
@@ -37,7 +38,7 @@ use crate::support::{metric, Backends, Pipeline, BUCKET};
 const RECORD_KEY: &str = "/adspend/shards/all/checkpoint";
 const SETTLE: Duration = Duration::from_secs(45);
 const START: Duration = Duration::from_secs(30);
-const LAST_APPLIED: &str = "adspend_last_applied_seq{shard=\"all\"}";
+const LAST_APPLIED: &str = "adspend_aggregator_last_applied_seq{shard=\"all\"}";
 /// moto parses but never checks SigV4; a well-formed header is enough.
 const DUMMY_SIGV4: &str = "AWS4-HMAC-SHA256 \
     Credential=test/20240101/us-east-1/s3/aws4_request, \
@@ -250,17 +251,14 @@ async fn purge_spend_before(p: &Pipeline, keep_from: u64) {
 /// Wait until the limiter has handled and acknowledged every impression,
 /// i.e. its output is in `SPEND`.
 async fn wait_limiter_drained(p: &Pipeline) {
-    let js = jetstream::new(p.client().await);
+    let client = p.client().await;
     wait_until_ok(Duration::from_secs(30), Duration::from_millis(100), || {
-        let js = js.clone();
+        let client = client.clone();
         async move {
-            let stream = js.get_stream("IMPRESSIONS").await?;
-            let info = stream.consumer_info("limiter").await?;
+            let backlog = limiter_backlog(&client).await?;
             anyhow::ensure!(
-                info.num_pending == 0 && info.num_ack_pending == 0,
-                "limiter consumer: {} pending, {} unacknowledged",
-                info.num_pending,
-                info.num_ack_pending
+                backlog == Some((0, 0)),
+                "limiter consumers (pending, unacknowledged): {backlog:?}"
             );
             Ok(())
         }

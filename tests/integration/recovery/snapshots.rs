@@ -3,6 +3,9 @@
 
 use std::time::Instant;
 
+use adspend_aggregator::record::CheckpointRecord;
+use adspend_tests::harness::ServiceProcess;
+
 use crate::support::{assert_exact, sim_config, Backends, Pipeline, BUCKET};
 
 use super::{
@@ -25,52 +28,74 @@ async fn missing_or_corrupt_s3_snapshot_refuses_to_start_naming_the_key() {
     wait_record(&p, "a sequence", |r| r.seq > 0).await;
     aggregator.kill();
     let record = etcd_record(&p).await.unwrap();
+    wipe_lmdb(&p);
     let key = snapshot_object(&record);
-    let s3 = p.s3.as_ref().unwrap();
-    let original = s3
-        .get_object(BUCKET, &key)
-        .await
-        .unwrap()
-        .expect("the recorded snapshot is in S3");
-    assert_eq!(original.len() as u64, record.size_bytes);
-    assert_eq!(checksum(&original), record.checksum);
-    let lmdb = wipe_lmdb(&p);
-
-    // Deleted.
-    delete_object(&p, &key).await.unwrap();
-    assert!(s3.get_object(BUCKET, &key).await.unwrap().is_none());
-    let error = expect_refusal(&mut aggregator).await;
-    assert!(error.contains(&record.snapshot_key), "{error}");
-    assert!(!lmdb.join("data.mdb").exists(), "empty LMDB created");
-
-    // Corrupted: same size, so only the checksum can tell.
-    let mut corrupt = original.to_vec();
-    let middle = corrupt.len() / 2;
-    for byte in &mut corrupt[middle..middle + 64] {
-        *byte ^= 0xA5;
-    }
-    assert_ne!(checksum(&corrupt), record.checksum);
-    s3.put_object(BUCKET, &key, corrupt).await.unwrap();
-    let error = expect_refusal(&mut aggregator).await;
-    assert!(error.contains(&record.snapshot_key), "{error}");
-    assert!(error.contains("corrupt"), "{error}");
-    assert!(!lmdb.join("data.mdb").exists(), "empty LMDB created");
-    assert_eq!(etcd_record(&p).await.unwrap(), record, "record changed");
-
-    // The intact object back: the refusals left nothing behind.
-    s3.put_object(BUCKET, &key, original).await.unwrap();
-    let offset = log_len(&aggregator);
-    aggregator.restart();
-    aggregator
-        .wait_for_log("aggregator running", START)
-        .await
-        .expect("aggregator restored");
-    let (_, start, _) = running_line(&log_since(&aggregator, offset));
+    let (_, start, _) = refuse_lost_then_corrupt(
+        &p,
+        &mut aggregator,
+        &record,
+        &key,
+        &record.snapshot_key,
+        (record.size_bytes, &record.checksum),
+    )
+    .await;
     assert_eq!(start, "cold");
     let more = p.publish(&sim_config(2_000, 24)).await;
     let truth = merged(&[&truth, &more]);
     assert_exact(&p.settle(&truth, SETTLE).await, &truth);
     report("missing_or_corrupt_s3_snapshot", started);
+}
+
+/// The recorded object `key` (a base or a delta, `name` in errors) with the
+/// local LMDB wiped: deleted, then corrupted at its recorded size (so only
+/// the checksum can tell), each stops the start with an error naming it,
+/// without creating an empty LMDB or touching the record. Then the intact
+/// object goes back and the aggregator restarts; returns the fields of its
+/// "aggregator running" line.
+pub(super) async fn refuse_lost_then_corrupt(
+    p: &Pipeline,
+    aggregator: &mut ServiceProcess,
+    record: &CheckpointRecord,
+    key: &str,
+    name: &str,
+    (size, sum): (u64, &str),
+) -> (u64, String, u64) {
+    let lmdb = p.aggregator_dir().join("lmdb");
+    let s3 = p.s3.as_ref().unwrap();
+    let original = s3
+        .get_object(BUCKET, key)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("the recorded object {key} is in S3"));
+    assert_eq!(original.len() as u64, size);
+    assert_eq!(checksum(&original), sum);
+
+    delete_object(p, key).await.unwrap();
+    assert!(s3.get_object(BUCKET, key).await.unwrap().is_none());
+    let error = expect_refusal(aggregator).await;
+    assert!(error.contains(name), "{error}");
+    assert!(!lmdb.join("data.mdb").exists(), "empty LMDB created");
+
+    let mut corrupt = original.to_vec();
+    let (middle, len) = (corrupt.len() / 2, corrupt.len());
+    for byte in &mut corrupt[middle..(middle + 64).min(len)] {
+        *byte ^= 0xA5;
+    }
+    assert_ne!(checksum(&corrupt), sum);
+    s3.put_object(BUCKET, key, corrupt).await.unwrap();
+    let error = expect_refusal(aggregator).await;
+    assert!(error.contains(name) && error.contains("corrupt"), "{error}");
+    assert!(!lmdb.join("data.mdb").exists(), "empty LMDB created");
+    assert_eq!(&etcd_record(p).await.unwrap(), record, "record changed");
+
+    s3.put_object(BUCKET, key, original).await.unwrap();
+    let offset = log_len(aggregator);
+    aggregator.restart();
+    aggregator
+        .wait_for_log("aggregator running", START)
+        .await
+        .expect("aggregator restored");
+    running_line(&log_since(aggregator, offset))
 }
 
 /// Single-machine mode (`file://` snapshots, record in the data dir): a

@@ -6,8 +6,8 @@
 //! the state grows; the base's grow with it.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use adspend_aggregator::apply::{Incoming, Writer};
@@ -17,7 +17,7 @@ use adspend_aggregator::restore;
 use adspend_aggregator::snapshot_store::SnapshotStore;
 use adspend_aggregator::store::Store;
 
-use super::state::{self, Feed, Skew};
+use super::state::{self, Feed, Progress, Skew};
 
 /// One size of the table.
 #[derive(Debug, Clone)]
@@ -45,47 +45,6 @@ pub struct DeltaBench {
     pub sizes: Vec<usize>,
     pub hot_limits: usize,
     pub interval_ids: usize,
-}
-
-/// Progress of the background writer: (when, tuples applied so far) after
-/// each group.
-#[derive(Default)]
-struct Progress {
-    applied: AtomicU64,
-    marks: Mutex<Vec<(Instant, u64)>>,
-}
-
-impl Progress {
-    fn mark(&self, applied: u64) {
-        self.applied.store(applied, Ordering::Relaxed);
-        self.marks
-            .lock()
-            .expect("progress")
-            .push((Instant::now(), applied));
-    }
-
-    /// Tuples applied by `t`, interpolated inside the group running then (a
-    /// group takes longer than a delta checkpoint).
-    fn at(&self, t: Instant) -> f64 {
-        let marks = self.marks.lock().expect("progress");
-        match marks.iter().position(|(when, _)| *when >= t) {
-            None => marks.last().map_or(0.0, |(_, n)| *n as f64),
-            Some(0) => 0.0,
-            Some(i) => {
-                let ((t0, n0), (t1, n1)) = (marks[i - 1], marks[i]);
-                let share = (t - t0).as_secs_f64() / (t1 - t0).as_secs_f64().max(1e-9);
-                n0 as f64 + (n1 - n0) as f64 * share
-            }
-        }
-    }
-
-    fn rate(&self, from: Instant, to: Instant) -> f64 {
-        (self.at(to) - self.at(from)) / (to - from).as_secs_f64().max(1e-9)
-    }
-
-    fn last(&self) -> Option<Instant> {
-        self.marks.lock().expect("progress").last().map(|(t, _)| *t)
-    }
 }
 
 impl DeltaBench {
@@ -188,7 +147,7 @@ impl DeltaBench {
                     Ok((writer, last_seq))
                 })
             };
-            let count = || progress.applied.load(Ordering::Relaxed);
+            let count = || progress.applied();
             let finished = |load: &std::thread::JoinHandle<_>| load.is_finished();
             while count() == 0 && !finished(&load) {
                 tokio::time::sleep(Duration::from_millis(5)).await;

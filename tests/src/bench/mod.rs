@@ -4,6 +4,8 @@
 
 pub mod checkpoint;
 pub mod e2e;
+pub mod fair;
+pub mod pacing;
 pub mod peers;
 pub mod recovery;
 pub mod report;

@@ -75,7 +75,8 @@ pub async fn run(ads: u32, events: u64, batch: usize, runs: usize) -> anyhow::Re
         let cold = step % 2 == 1;
         // A checkpoint that includes everything so far, so warm and cold
         // restarts replay the same stretch (what was published while down).
-        let checkpoints = |port| try_metric(port, "adspend_checkpoints_total{outcome=\"ok\"}");
+        let checkpoints =
+            |port| try_metric(port, "adspend_aggregator_checkpoints_total{outcome=\"ok\"}");
         let before = checkpoints(metrics_port).await?;
         crate::harness::wait_until_ok(
             Duration::from_secs(60),
@@ -90,10 +91,13 @@ pub async fn run(ads: u32, events: u64, batch: usize, runs: usize) -> anyhow::Re
         )
         .await
         .context("waiting for a checkpoint")?;
-        result.snapshot_bytes =
-            try_metric(metrics_port, "adspend_snapshot_bytes{shard=\"all\"}").await? as u64;
+        result.snapshot_bytes = try_metric(
+            metrics_port,
+            "adspend_aggregator_snapshot_bytes{shard=\"all\"}",
+        )
+        .await? as u64;
         result.dedupe_ids =
-            try_metric(metrics_port, "adspend_dedupe_ids{shard=\"all\"}").await? as u64;
+            try_metric(metrics_port, "adspend_aggregator_dedupe_ids{shard=\"all\"}").await? as u64;
 
         let aggregator = p.aggregator.as_mut().expect("aggregator running");
         aggregator.kill();

@@ -5,7 +5,7 @@
 //! state size, with the ingest rate while it runs.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -192,6 +192,57 @@ pub struct CheckpointRun {
     pub ingest_before: f64,
 }
 
+/// Progress of the background writer: (when, tuples applied so far) after
+/// each group.
+#[derive(Default)]
+pub(crate) struct Progress {
+    applied: AtomicU64,
+    marks: Mutex<Vec<(Instant, u64)>>,
+}
+
+impl Progress {
+    pub(crate) fn mark(&self, applied: u64) {
+        self.applied.store(applied, Ordering::Relaxed);
+        self.marks
+            .lock()
+            .expect("progress")
+            .push((Instant::now(), applied));
+    }
+
+    /// Tuples applied by `t`, interpolated inside the group running then (a
+    /// group takes longer than a delta checkpoint).
+    pub(crate) fn at(&self, t: Instant) -> f64 {
+        let marks = self.marks.lock().expect("progress");
+        match marks.iter().position(|(when, _)| *when >= t) {
+            None => marks.last().map_or(0.0, |(_, n)| *n as f64),
+            Some(0) => 0.0,
+            Some(i) => {
+                let ((t0, n0), (t1, n1)) = (marks[i - 1], marks[i]);
+                let share = (t - t0).as_secs_f64() / (t1 - t0).as_secs_f64().max(1e-9);
+                n0 as f64 + (n1 - n0) as f64 * share
+            }
+        }
+    }
+
+    pub(crate) fn rate(&self, from: Instant, to: Instant) -> f64 {
+        (self.at(to) - self.at(from)) / (to - from).as_secs_f64().max(1e-9)
+    }
+
+    pub(crate) fn last(&self) -> Option<Instant> {
+        self.marks.lock().expect("progress").last().map(|(t, _)| *t)
+    }
+
+    /// Tuples applied so far.
+    pub(crate) fn applied(&self) -> u64 {
+        self.applied.load(Ordering::Relaxed)
+    }
+
+    /// When the `i`th mark was made.
+    pub(crate) fn mark_time(&self, i: usize) -> Option<Instant> {
+        self.marks.lock().expect("progress").get(i).map(|(t, _)| *t)
+    }
+}
+
 /// Runs a checkpoint of `store` to a `file://` store under `scratch` while
 /// `writer` keeps applying messages from `feed` on another thread.
 pub async fn checkpoint_under_load(
@@ -205,24 +256,21 @@ pub async fn checkpoint_under_load(
     let writer_changes = writer.changes();
     // Pre-generate the load so generating it does not compete with the copy.
     let groups: Vec<Vec<Incoming>> = (0..groups_ready).map(|_| feed.group()).collect();
-    let progress: Arc<Mutex<Vec<(Instant, u64)>>> = Arc::default();
+    let progress = Arc::new(Progress::default());
     let stop = Arc::new(AtomicBool::new(false));
     let load = {
         let (progress, stop) = (progress.clone(), stop.clone());
         std::thread::spawn(move || -> anyhow::Result<Writer> {
             let mut writer = writer;
             let mut applied = 0u64;
-            progress.lock().expect("progress").push((Instant::now(), 0));
+            progress.mark(0);
             for group in groups {
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
                 applied += writer.apply_group(&group)?.applied;
                 drop(dirty.take());
-                progress
-                    .lock()
-                    .expect("progress")
-                    .push((Instant::now(), applied));
+                progress.mark(applied);
             }
             Ok(writer)
         })
@@ -259,36 +307,19 @@ pub async fn checkpoint_under_load(
     let writer = load
         .join()
         .map_err(|_| anyhow::anyhow!("writer thread panicked"))??;
-    let progress = progress.lock().expect("progress").clone();
     let secs = (ended - started).as_secs_f64();
-    // Tuples applied by time `t`, interpolated inside the group that was
-    // running then (a group of 200,000 tuples over 1M limits takes most of
-    // a second, longer than the windows' resolution needs).
-    let at = |t: Instant| -> f64 {
-        let after = progress.iter().position(|(when, _)| *when >= t);
-        match after {
-            None => progress.last().map_or(0.0, |(_, n)| *n as f64),
-            Some(0) => 0.0,
-            Some(i) => {
-                let ((t0, n0), (t1, n1)) = (progress[i - 1], progress[i]);
-                let share = (t - t0).as_secs_f64() / (t1 - t0).as_secs_f64().max(1e-9);
-                n0 as f64 + (n1 - n0) as f64 * share
-            }
-        }
-    };
-    let rate = |from: Instant, to: Instant| (at(to) - at(from)) / (to - from).as_secs_f64();
     // The baseline: the writer alone, from its second group to the start.
-    let before_from = progress.get(1).map_or(started, |(t, _)| *t);
+    let before_from = progress.mark_time(1).unwrap_or(started);
     anyhow::ensure!(
-        progress.last().is_some_and(|(t, _)| *t >= ended),
+        progress.last().is_some_and(|t| t >= ended),
         "the pre-generated load ran out before the checkpoint ended; raise groups_ready"
     );
     Ok((
         CheckpointRun {
             secs,
             bytes: record.size_bytes,
-            ingest_during: rate(started, ended),
-            ingest_before: rate(before_from, started),
+            ingest_during: progress.rate(started, ended),
+            ingest_before: progress.rate(before_from, started),
         },
         writer,
         feed,

@@ -1,6 +1,7 @@
 //! `adsim`, the ad-server simulator: `adsim catalog` writes a generated
 //! catalog, `adsim run` publishes impressions to JetStream and writes the
-//! ground truth of everything JetStream acknowledged.
+//! ground truth of everything JetStream acknowledged; `adsim serve` is the
+//! closed loop: ad servers that ask the pacer before they serve.
 
 use std::process::ExitCode;
 
@@ -18,6 +19,9 @@ enum Cli {
     Catalog(cli::CatalogArgs),
     /// Publish impressions and write the truth.
     Run(Box<cli::RunArgs>),
+    /// Ad servers that ask the pacer (POST /v1/decisions) and serve only
+    /// what it allows, over a compressed day; write the truth.
+    Serve(Box<cli::ServeArgs>),
 }
 
 /// mimalloc keeps large freed blocks for reuse; the system allocator
@@ -45,6 +49,7 @@ async fn main() -> ExitCode {
     let result = match cli {
         Cli::Catalog(args) => catalog(args),
         Cli::Run(args) => run(*args).await,
+        Cli::Serve(args) => serve(*args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -67,12 +72,13 @@ fn catalog(args: cli::CatalogArgs) -> anyhow::Result<()> {
 }
 
 async fn run(args: cli::RunArgs) -> anyhow::Result<()> {
-    let config = args.sim_config();
+    let mut config = args.sim_config();
+    // An ad server's NATS user may publish impressions and nothing else: the
+    // stream is the limiter's to create.
+    config.create_stream = args.nats_auth.user.is_none();
     config.validate()?;
     let catalog = Catalog::load(&args.catalog)?;
-    let client = async_nats::connect(&args.nats_url)
-        .await
-        .with_context(|| format!("connecting to NATS at {}", args.nats_url))?;
+    let client = args.nats_auth.connect(&args.nats_url).await?;
     let cancel = CancellationToken::new();
     let on_signal = cancel.clone();
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
@@ -96,6 +102,47 @@ async fn run(args: cli::RunArgs) -> anyhow::Result<()> {
             "adsim: warning: {} messages were not acknowledged; their events are left out of \
              the truth but may be in the stream",
             stats.messages_failed
+        );
+    }
+    Ok(())
+}
+
+async fn serve(args: cli::ServeArgs) -> anyhow::Result<()> {
+    let config = args.loop_config();
+    config.validate()?;
+    let catalog = Catalog::load(&args.catalog)?;
+    let client = args.nats_auth.connect(&args.nats_url).await?;
+    let cancel = CancellationToken::new();
+    let on_signal = cancel.clone();
+    let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    tokio::spawn(async move {
+        tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = terminate.recv() => {} }
+        on_signal.cancel();
+    });
+    eprintln!(
+        "adsim: {} ad servers asking {} over a {:?} day, peak {} requests/s",
+        config.servers, config.pacer_url, config.day, config.peak_rate
+    );
+    let outcome = sim::run_closed_loop(&client, &config, &catalog, cancel, |p| {
+        eprintln!("adsim: {}", cli::loop_line(p));
+    })
+    .await?;
+    outcome.truth.save(&args.truth_out)?;
+    let p = &outcome.progress;
+    eprintln!(
+        "adsim: done: {} requests, {} served for {:.2}, {} refused by the pacer, {} decision calls failed; truth in {}",
+        p.requests,
+        p.served,
+        p.served_micros as f64 / 1e6,
+        p.not_servable,
+        p.decision_errors,
+        args.truth_out.display()
+    );
+    if outcome.truth.stats.messages_failed > 0 {
+        eprintln!(
+            "adsim: warning: {} messages were not acknowledged; their impressions are left out \
+             of the truth but may be in the stream",
+            outcome.truth.stats.messages_failed
         );
     }
     Ok(())

@@ -14,9 +14,10 @@ use tokio_util::sync::CancellationToken;
 use super::{aggregator_totals, all_faults, CampaignConfig, Fault, Report};
 use crate::check::{fetch_limits, Comparison};
 use crate::harness::{free_port, wait_until_ok, ServiceProcess};
+use crate::limiter_progress::limiter_acked_through;
 use crate::pipeline::{try_metric, Pipeline};
 use crate::sim::{self, SimConfig, Truth};
-use crate::stream_truth::truth_from_stream;
+use crate::stream_truth::StreamTruth;
 
 /// Per-service metrics ports, fixed for the campaign so restarts keep them.
 struct Ports {
@@ -33,6 +34,8 @@ struct Campaign {
     /// Set once any publish had an unknown outcome: the truth then comes
     /// from reading the stream back.
     from_stream: bool,
+    /// The stream read back so far (read on from where it stopped).
+    stream_truth: StreamTruth,
     events: u64,
     rate: f64,
     duplicate_rate: f64,
@@ -65,13 +68,18 @@ impl Campaign {
     /// Read the aggregator's duplicate counters before its process goes away.
     async fn scrape_aggregator(&mut self) {
         let port = self.ports.aggregator;
-        self.report.dropped_by_id += try_metric(port, "adspend_duplicates_dropped_total{by=\"id\"}")
-            .await
-            .unwrap_or(0.0) as u64;
-        self.report.skipped_by_seq +=
-            try_metric(port, "adspend_duplicates_dropped_total{by=\"seq\"}")
-                .await
-                .unwrap_or(0.0) as u64;
+        self.report.dropped_by_id += try_metric(
+            port,
+            "adspend_aggregator_duplicates_dropped_total{by=\"id\"}",
+        )
+        .await
+        .unwrap_or(0.0) as u64;
+        self.report.skipped_by_seq += try_metric(
+            port,
+            "adspend_aggregator_duplicates_dropped_total{by=\"seq\"}",
+        )
+        .await
+        .unwrap_or(0.0) as u64;
     }
 
     async fn stream_last(&self, stream: &str) -> anyhow::Result<u64> {
@@ -252,19 +260,13 @@ impl Campaign {
     }
 
     async fn reached(&self, target: Recovery) -> anyhow::Result<bool> {
-        let limiter_acked = |last: u64| async move {
-            let js = jetstream::new(self.p.client().await);
-            let mut consumer: jetstream::consumer::PullConsumer = js
-                .get_consumer_from_stream("limiter", "IMPRESSIONS")
-                .await?;
-            let info = consumer.info().await?;
-            anyhow::Ok(info.ack_floor.stream_sequence >= last)
-        };
+        let limiter_acked =
+            |last: u64| async move { limiter_acked_through(&self.p.client().await, last).await };
         let applied = |seq: u64| async move {
             anyhow::Ok(
                 try_metric(
                     self.ports.aggregator,
-                    "adspend_last_applied_seq{shard=\"all\"}",
+                    "adspend_aggregator_last_applied_seq{shard=\"all\"}",
                 )
                 .await?
                     >= seq as f64,
@@ -335,7 +337,7 @@ impl Campaign {
         self.truth.absorb(&round_truth);
         let truth = if self.from_stream {
             let client = self.p.client().await;
-            truth_from_stream(&client, &self.p.catalog).await?
+            self.stream_truth.catch_up(&client).await?
         } else {
             self.truth.clone()
         };
@@ -379,6 +381,7 @@ pub async fn run(
     p.limiter = Some(p.spawn_with("limiter", ports.limiter, &[]));
     p.pacer = Some(p.spawn("pacer"));
     p.wait_pacer().await;
+    let stream_truth = StreamTruth::new(&p.catalog)?;
     let mut campaign = Campaign {
         p,
         ports,
@@ -389,6 +392,7 @@ pub async fn run(
         },
         truth: Truth::default(),
         from_stream: false,
+        stream_truth,
         events: config.events_per_round,
         rate: config.rate,
         duplicate_rate: config.duplicate_rate,
@@ -419,7 +423,7 @@ pub async fn run(
 /// Final check: the stream's truth against the pacer and the aggregator's LMDB.
 async fn finish(c: &mut Campaign) -> anyhow::Result<()> {
     let client = c.p.client().await;
-    let stream_truth = truth_from_stream(&client, &c.p.catalog).await?;
+    let stream_truth = c.stream_truth.catch_up(&client).await?;
     let comparison: Comparison = c.p.settle(&stream_truth, Duration::from_secs(120)).await;
     c.scrape_aggregator().await;
     c.stop_cleanly("aggregator").await?;

@@ -1,7 +1,8 @@
 //! The docker-compose cluster under test (deploy/docker-compose.yml).
 //!
 //! `compose` drives the project: it starts it through `scripts/cluster.sh
-//! start` (images built beforehand by `scripts/cluster.sh images`), injects
+//! start` (images built beforehand by `scripts/cluster.sh images`; the CA,
+//! certificates and passwords generated into deploy/.secrets), injects
 //! faults with `docker` (kill, pause, network disconnect, stop, scale),
 //! reports each container's state from `docker inspect` so a test can prove
 //! its fault happened, reads etcd with `etcdctl` inside an etcd container,
@@ -16,7 +17,9 @@ mod compose;
 mod observe;
 mod traffic;
 
-pub use compose::{metric_sum, metric_value, Cluster, ContainerState, AGGREGATORS, PROJECT};
+pub use compose::{
+    metric_sum, metric_value, nats_args, Cluster, ContainerState, AGGREGATORS, PROJECT, SECRETS_DIR,
+};
 pub use observe::{
     shards, wait_applied, Backwards, Monotonic, Shard, Takeover, PACER_URL, PARTITIONS,
 };

@@ -6,16 +6,27 @@ use anyhow::{ensure, Context};
 use async_nats::jetstream;
 use tokio_util::sync::CancellationToken;
 
+use super::compose::nats_args;
 use super::observe::PACER_URL;
 use crate::check::{wait_for_match, Comparison};
 use crate::sim::{self, Catalog, SimConfig, Truth};
 use crate::stream_truth::truth_from_stream;
 
-/// nats1's client port as the compose file publishes it.
+/// nats1's client port as the compose file publishes it (TLS, users).
 pub const NATS_URL: &str = "nats://127.0.0.1:4222";
 
+/// A client of the cluster's NATS as `role`, over TLS with the role's
+/// generated password (deploy/.secrets/<role>.env).
+pub async fn connect_as(role: &str) -> anyhow::Result<async_nats::Client> {
+    let args = nats_args(role)?;
+    adspend_common::nats::connect(&args, &format!("adspend-test-{role}"))
+        .await
+        .with_context(|| format!("connecting to {} as {role}", args.nats_url))
+}
+
 /// A simulator run in the background (10% duplicates), publishing into the
-/// `IMPRESSIONS` stream the limiters created with three replicas.
+/// `IMPRESSIONS` stream the limiters created with three replicas, as an ad
+/// server does: user `adserver`, which may publish impressions only.
 pub struct Traffic {
     task: tokio::task::JoinHandle<anyhow::Result<Truth>>,
     cancel: CancellationToken,
@@ -29,12 +40,11 @@ impl Traffic {
         rate: f64,
         seed: u64,
     ) -> anyhow::Result<Traffic> {
-        let client = async_nats::connect(NATS_URL)
-            .await
-            .with_context(|| format!("connecting to {NATS_URL}"))?;
+        let client = connect_as("adserver").await?;
         // The limiters create the stream; the simulator must not create a
-        // single-replica one first.
-        let js = jetstream::new(client.clone());
+        // single-replica one first. The ad server may not look at streams:
+        // the read-only `auditor` user checks.
+        let js = jetstream::new(connect_as("auditor").await?);
         let mut stream = crate::harness::wait_until_ok(
             Duration::from_secs(60),
             Duration::from_millis(250),
@@ -92,7 +102,7 @@ pub async fn settle_exact(
     acked: &Truth,
     timeout: Duration,
 ) -> anyhow::Result<(Comparison, String)> {
-    let client = async_nats::connect(NATS_URL).await?;
+    let client = connect_as("auditor").await?;
     let stream = truth_from_stream(&client, catalog).await?;
     ensure!(acked.stats.unique_events > 0, "the run published nothing");
     for (limit, t) in &acked.limits {

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use adspend_common::config::EtcdArgs;
 use anyhow::{bail, Context};
 // etcd's JSON gateway carries keys and values as standard base64 with padding.
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -16,6 +17,7 @@ use super::ports::free_port;
 use super::process::clean_env;
 use super::scratch::scratch_dir;
 use super::server::{Server, ServerSpec};
+use super::tls::CertPair;
 use super::tools::tool_path;
 use super::wait::http_client;
 
@@ -28,6 +30,18 @@ use super::wait::http_client;
 /// Killed and its directory removed on `Drop`.
 pub type Etcd = Server<EtcdSpec>;
 
+/// What a TLS etcd ([`Etcd::start_tls`]) presents and trusts.
+#[derive(Clone, Debug)]
+pub struct EtcdTls {
+    /// The CA clients must be signed by (`--trusted-ca-file`).
+    pub ca: PathBuf,
+    /// The server's own certificate, for 127.0.0.1.
+    pub server: CertPair,
+    /// A client certificate from `ca`, for the harness's own probes and
+    /// writes.
+    pub client: CertPair,
+}
+
 impl Server<EtcdSpec> {
     /// Starts etcd and returns once it has elected itself leader and
     /// reports healthy.
@@ -37,6 +51,23 @@ impl Server<EtcdSpec> {
     /// If `etcd` is missing or does not start; the message carries its log
     /// tail.
     pub async fn start() -> Etcd {
+        Self::start_with(None).await
+    }
+
+    /// An etcd that serves clients over TLS only (`https://`) and requires
+    /// a client certificate signed by `tls.ca` (`--client-cert-auth`).
+    /// Readiness is probed on a separate plain listener that serves only
+    /// `/health` and `/metrics`, and through the services' own connect path.
+    /// [`Etcd::put`] and [`Etcd::get`] go through that path too.
+    ///
+    /// # Panics
+    ///
+    /// As [`Etcd::start`].
+    pub async fn start_tls(tls: EtcdTls) -> Etcd {
+        Self::start_with(Some(tls)).await
+    }
+
+    async fn start_with(tls: Option<EtcdTls>) -> Etcd {
         static MEMBERS: AtomicU32 = AtomicU32::new(0);
         let dir = scratch_dir("etcd");
         // Unique per member so the readiness probe can tell this etcd from
@@ -53,14 +84,23 @@ impl Server<EtcdSpec> {
             log_path: dir.path().join("etcd.log"),
             client_port: 0,
             peer_port: 0,
+            metrics_port: 0,
+            tls,
             _dir: dir,
         };
         Server::launch(spec).await
     }
 
-    /// The client endpoint, `http://127.0.0.1:PORT`; stable across restarts.
+    /// The client endpoint, `http://127.0.0.1:PORT` (`https://` with TLS);
+    /// stable across restarts.
     pub fn endpoints(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port())
+        self.spec().client_url()
+    }
+
+    /// Settings that reach this etcd: with TLS, the CA and the harness's
+    /// client certificate.
+    pub fn client_args(&self) -> EtcdArgs {
+        self.spec().client_args()
     }
 
     /// The member's data, for tests that inspect or damage it on disk.
@@ -81,6 +121,11 @@ impl Server<EtcdSpec> {
     ///
     /// If etcd is unreachable or refuses the write.
     pub async fn put(&self, key: &str, value: &[u8]) -> anyhow::Result<()> {
+        if self.spec().tls.is_some() {
+            let mut client = adspend_common::etcd::connect(&self.client_args()).await?;
+            client.put(key, value, None).await?;
+            return Ok(());
+        }
         let body = json!({
             "key": BASE64.encode(key.as_bytes()),
             "value": BASE64.encode(value),
@@ -94,6 +139,11 @@ impl Server<EtcdSpec> {
     ///
     /// If etcd is unreachable or the answer is malformed.
     pub async fn get(&self, key: &str) -> anyhow::Result<Option<Vec<u8>>> {
+        if self.spec().tls.is_some() {
+            let mut client = adspend_common::etcd::connect(&self.client_args()).await?;
+            let response = client.get(key, None).await?;
+            return Ok(response.kvs().first().map(|kv| kv.value().to_vec()));
+        }
         let body = json!({ "key": BASE64.encode(key.as_bytes()) });
         let answer = self.gateway("kv/range", body).await?;
         let Some(value) = answer["kvs"].get(0).map(|kv| &kv["value"]) else {
@@ -168,13 +218,37 @@ pub struct EtcdSpec {
     log_path: PathBuf,
     client_port: u16,
     peer_port: u16,
+    /// Plain `/health` and `/metrics` (TLS only; otherwise the client port
+    /// serves them).
+    metrics_port: u16,
+    tls: Option<EtcdTls>,
     /// Owns everything above; last so it is removed last.
     _dir: TempDir,
 }
 
 impl EtcdSpec {
+    fn client_url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    fn client_args(&self) -> EtcdArgs {
+        let mut args = EtcdArgs::plain(self.client_url());
+        if let Some(tls) = &self.tls {
+            args.etcd_tls_ca = Some(tls.ca.clone());
+            args.etcd_tls_cert = Some(tls.client.cert.clone());
+            args.etcd_tls_key = Some(tls.client.key.clone());
+        }
+        args
+    }
+
     async fn healthy(&self) -> bool {
-        let url = format!("http://127.0.0.1:{}/health", self.client_port);
+        let port = if self.tls.is_some() {
+            self.metrics_port
+        } else {
+            self.client_port
+        };
+        let url = format!("http://127.0.0.1:{port}/health");
         let Ok(response) = http_client().get(&url).send().await else {
             return false;
         };
@@ -189,6 +263,15 @@ impl EtcdSpec {
 
     /// The port may belong to another etcd that took it first.
     async fn is_this_member(&self) -> bool {
+        if self.tls.is_some() {
+            let Ok(mut client) = adspend_common::etcd::connect(&self.client_args()).await else {
+                return false;
+            };
+            let Ok(list) = client.member_list().await else {
+                return false;
+            };
+            return list.members().iter().any(|m| m.name() == self.name);
+        }
         let url = format!(
             "http://127.0.0.1:{}/v3/cluster/member/list",
             self.client_port
@@ -217,6 +300,7 @@ impl ServerSpec for EtcdSpec {
     fn pick_ports(&mut self) {
         self.client_port = free_port();
         self.peer_port = free_port();
+        self.metrics_port = free_port();
     }
 
     fn port(&self) -> u16 {
@@ -224,7 +308,7 @@ impl ServerSpec for EtcdSpec {
     }
 
     fn command(&self) -> Command {
-        let client_url = format!("http://127.0.0.1:{}", self.client_port);
+        let client_url = self.client_url();
         let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
         let mut command = Command::new(&self.binary);
         // A developer's ETCD_* variables would override these flags.
@@ -252,6 +336,18 @@ impl ServerSpec for EtcdSpec {
             .arg("zap")
             .arg("--log-outputs")
             .arg("stderr");
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--client-cert-auth")
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca)
+                .arg("--cert-file")
+                .arg(&tls.server.cert)
+                .arg("--key-file")
+                .arg(&tls.server.key)
+                .arg("--listen-metrics-urls")
+                .arg(format!("http://127.0.0.1:{}", self.metrics_port));
+        }
         command
     }
 

@@ -8,7 +8,8 @@
 //! `scratch` owns the temporary directories, `process` owns one child process
 //! (signals, logs, cleanup), `server` gives every server kind one lifecycle
 //! ([`Server`]: kill, stop, pause, restart), `nats` / `etcd` / `s3` / `redis`
-//! add what is particular to each kind, `service` runs the workspace's
+//! add what is particular to each kind, `tls` makes throwaway CAs and
+//! certificates, `service` runs the workspace's
 //! binaries and `wait` holds the polling helpers every readiness check goes
 //! through.
 //!
@@ -26,10 +27,11 @@ mod s3;
 mod scratch;
 mod server;
 mod service;
+mod tls;
 mod tools;
 mod wait;
 
-pub use etcd::Etcd;
+pub use etcd::{Etcd, EtcdTls};
 pub use nats::{NatsOptions, NatsServer};
 pub use nix::sys::signal::Signal;
 pub use ports::free_port;
@@ -37,5 +39,6 @@ pub use redis::RedisServer;
 pub use s3::S3Server;
 pub use server::Server;
 pub use service::{service_binary, ServiceBuilder, ServiceProcess};
+pub use tls::{CertPair, TestCa};
 pub use tools::{tool_path, workspace_root};
 pub use wait::{wait_until, wait_until_ok};

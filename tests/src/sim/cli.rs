@@ -4,9 +4,14 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use adspend_common::config::NatsArgs;
+use anyhow::Context;
 use clap::Args;
 
-use super::{BadKind, CatalogSpec, CostDistribution, EventTime, Progress, SimConfig, Stats};
+use super::{
+    BadKind, CatalogSpec, CostDistribution, EventTime, LoopConfig, LoopProgress, Progress,
+    SimConfig, Stats,
+};
 
 /// `adsim catalog`.
 #[derive(Debug, Args)]
@@ -38,6 +43,8 @@ pub struct RunArgs {
     /// NATS server(s) to publish to.
     #[arg(long, env = "ADSIM_NATS_URL", default_value = "nats://127.0.0.1:4222")]
     pub nats_url: String,
+    #[command(flatten)]
+    pub nats_auth: NatsAuthArgs,
     /// Catalog to draw ads from (see `adsim catalog`).
     #[arg(long, env = "ADSIM_CATALOG", default_value = "catalog.json")]
     pub catalog: PathBuf,
@@ -91,6 +98,106 @@ pub struct RunArgs {
     /// Messages awaiting their JetStream ack, at most.
     #[arg(long, env = "ADSIM_IN_FLIGHT", default_value_t = 256)]
     pub in_flight: usize,
+}
+
+/// `adsim serve`: ad servers that ask the pacer before they serve.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// NATS server(s) to publish to.
+    #[arg(long, env = "ADSIM_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    #[command(flatten)]
+    pub nats_auth: NatsAuthArgs,
+    /// The pacer API the servers ask (POST /v1/decisions).
+    #[arg(long, env = "ADSIM_PACER_URL", default_value = "http://127.0.0.1:8080")]
+    pub pacer_url: String,
+    /// Bearer token of the pacer's decide scope, if it requires one.
+    #[arg(long, env = "ADSIM_PACER_TOKEN", hide_env_values = true)]
+    pub pacer_token: Option<String>,
+    /// Catalog to draw ads from (see `adsim catalog`).
+    #[arg(long, env = "ADSIM_CATALOG", default_value = "catalog.json")]
+    pub catalog: PathBuf,
+    /// Where to write the truth of the acknowledged impressions.
+    #[arg(long, env = "ADSIM_TRUTH_OUT", default_value = "truth.json")]
+    pub truth_out: PathBuf,
+    /// Simulated ad servers, each asking on its own.
+    #[arg(long, env = "ADSIM_SERVERS", default_value_t = 4)]
+    pub servers: usize,
+    /// Wall-clock length of one simulated day (night trough, morning bump,
+    /// evening peak).
+    #[arg(long, env = "ADSIM_DAY", default_value = "60s", value_parser = super::parse_duration)]
+    pub day: Duration,
+    /// How long to run [default: one day].
+    #[arg(long, env = "ADSIM_DURATION", value_parser = super::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Ad requests per second, all servers together, at the evening peak.
+    #[arg(long, env = "ADSIM_PEAK_RATE", default_value_t = 2000.0)]
+    pub peak_rate: f64,
+    /// Ads per POST /v1/decisions.
+    #[arg(long, env = "ADSIM_DECISION_BATCH", default_value_t = 100)]
+    pub decision_batch: usize,
+    /// Hold each served impression back this long before publishing it
+    /// (a slow path from ad server to stream; its ts stays the serving time).
+    #[arg(long, env = "ADSIM_PUBLISH_DELAY", default_value = "0s", value_parser = super::parse_duration)]
+    pub publish_delay: Duration,
+    /// Zipf exponent of ad popularity; 0 = uniform.
+    #[arg(long, env = "ADSIM_ZIPF", default_value_t = 1.0)]
+    pub zipf: f64,
+    /// Cost in micros: MIN..=MAX, log-uniform:MIN..=MAX or a fixed N.
+    #[arg(long, env = "ADSIM_COST", default_value = "100..=5000000")]
+    pub cost: CostDistribution,
+    /// Impressions per published message.
+    #[arg(long, env = "ADSIM_BATCH", default_value_t = 100)]
+    pub batch: usize,
+    #[arg(long, env = "ADSIM_SEED", default_value_t = 1)]
+    pub seed: u64,
+    /// Subject to publish to, under `impressions.`.
+    #[arg(long, env = "ADSIM_SUBJECT", default_value = "impressions.loop")]
+    pub subject: String,
+    /// Impression id prefix; random by default so runs never share ids.
+    #[arg(long, env = "ADSIM_RUN_ID")]
+    pub run_id: Option<String>,
+}
+
+impl ServeArgs {
+    pub fn loop_config(&self) -> LoopConfig {
+        LoopConfig {
+            pacer_url: self.pacer_url.trim_end_matches('/').to_owned(),
+            pacer_token: self.pacer_token.clone(),
+            servers: self.servers,
+            day: self.day,
+            duration: self.duration.unwrap_or(self.day),
+            peak_rate: self.peak_rate,
+            decision_batch: self.decision_batch,
+            zipf_exponent: self.zipf,
+            cost: self.cost,
+            publish_delay: self.publish_delay,
+            batch: self.batch,
+            subject: self.subject.clone(),
+            seed: self.seed,
+            run_id: self.run_id.clone(),
+            ..LoopConfig::default()
+        }
+    }
+}
+
+/// The line `adsim serve` prints every few seconds.
+pub fn loop_line(p: &LoopProgress) -> String {
+    let asked = p.servable + p.not_servable;
+    format!(
+        "{:6.1}s day {:04.1}h: {} requests, {} decision calls ({} failed), {} of {} ads servable, \
+         {} served ({:.2} spent), {} acked",
+        p.elapsed.as_secs_f64(),
+        p.hour,
+        p.requests,
+        p.decision_calls,
+        p.decision_errors,
+        p.servable,
+        asked,
+        p.served,
+        p.served_micros as f64 / 1e6,
+        p.acked
+    )
 }
 
 impl CatalogArgs {
@@ -155,4 +262,54 @@ pub fn summary_line(s: &Stats) -> String {
         s.messages_acked,
         s.messages_failed,
     )
+}
+
+/// NATS credentials and TLS for a secured server (the compose cluster, or
+/// deploy/nats-auth.conf), read from the same `ADSPEND_NATS_*` variables as
+/// the services', so a role's env file from `scripts/cluster.sh` or
+/// `scripts/nats-auth.sh` (`adserver.env`) works as is.
+#[derive(Args)]
+pub struct NatsAuthArgs {
+    /// NATS user (the ad servers' role); needs ADSPEND_NATS_PASSWORD.
+    #[arg(long = "nats-user", env = "ADSPEND_NATS_USER")]
+    pub user: Option<String>,
+    /// Password of the NATS user. Never printed.
+    #[arg(
+        long = "nats-password",
+        env = "ADSPEND_NATS_PASSWORD",
+        hide_env_values = true
+    )]
+    pub password: Option<String>,
+    /// PEM CA of the server's certificate; set: TLS is required.
+    #[arg(long = "nats-tls-ca", env = "ADSPEND_NATS_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+}
+
+impl NatsAuthArgs {
+    /// Connects to `url` (comma-separated servers) as the services do:
+    /// user and password, the user's own inbox prefix, TLS when a CA is set.
+    pub async fn connect(&self, url: &str) -> anyhow::Result<async_nats::Client> {
+        let nats = NatsArgs {
+            nats_user: self.user.clone(),
+            nats_password: self.password.clone(),
+            nats_tls_ca: self.tls_ca.clone(),
+            ..NatsArgs::plain(url)
+        };
+        let options = adspend_common::nats::options(&nats)?.name("adsim");
+        options
+            .connect(url)
+            .await
+            .with_context(|| format!("connecting to NATS at {url}"))
+    }
+}
+
+/// Written by hand so that the password is never printed.
+impl std::fmt::Debug for NatsAuthArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsAuthArgs")
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls_ca", &self.tls_ca)
+            .finish()
+    }
 }

@@ -6,13 +6,18 @@
 
 mod catalog;
 pub mod cli;
+pub mod closed_loop;
 pub(crate) mod event;
+mod loop_publish;
+mod loop_server;
+pub mod loop_watch;
 mod publish;
 pub(crate) mod truth;
 
 use std::time::Duration;
 
 pub use catalog::{generate_catalog, Catalog, CatalogSpec, Limit, Period, MAX_ID_BYTES, ZONES};
+pub use closed_loop::{run_closed_loop, AdRecord, LoopConfig, LoopOutcome, LoopProgress};
 pub use event::{BadKind, CostDistribution, EventTime};
 pub use publish::{ensure_stream, run, run_with_progress, Progress};
 pub use truth::{

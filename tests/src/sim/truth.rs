@@ -323,7 +323,12 @@ impl TruthBuilder {
         self.unique
     }
 
-    pub fn finish(self, mut stats: Stats) -> Truth {
+    pub fn finish(self, stats: Stats) -> Truth {
+        self.current(stats)
+    }
+
+    /// The truth booked so far, leaving the builder to go on booking.
+    pub fn current(&self, mut stats: Stats) -> Truth {
         stats.unique_events = self.unique;
         let limits = self
             .index

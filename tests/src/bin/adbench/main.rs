@@ -8,6 +8,8 @@
 
 mod deltas;
 mod e2e;
+mod fair;
+mod pacing;
 mod peers;
 mod recovery;
 mod state;
@@ -27,6 +29,10 @@ enum Section {
     E2e,
     Peers,
     Recovery,
+    /// Fair sharing among sources under a flood (not in the default list).
+    Fair,
+    /// Closed loop on the real pipeline (not in the default list).
+    Pacing,
 }
 
 #[derive(Parser)]
@@ -75,6 +81,24 @@ struct Args {
     /// Zipf case alone).
     #[arg(long)]
     apply_skip_uniform: bool,
+    /// Wall-clock seconds of the compressed day of the pacing section.
+    #[arg(long, default_value_t = 60)]
+    pacing_day_secs: u64,
+    /// Ad requests per second at the day's peak in the pacing section.
+    #[arg(long, default_value_t = 1500.0)]
+    pacing_peak_rate: f64,
+    /// Added delays (seconds) of the pacing section.
+    #[arg(long, value_delimiter = ',', default_value = "0,1,10")]
+    pacing_delays: Vec<f64>,
+    /// Events per second of each source of the fair section while steady.
+    #[arg(long, default_value_t = 30_000.0)]
+    fair_rate: f64,
+    /// Events A replays at once in the fair section's backlog case.
+    #[arg(long, default_value_t = 3_000_000)]
+    fair_backlog: u64,
+    /// Seconds of A's surge in the fair section.
+    #[arg(long, default_value_t = 10)]
+    fair_secs: u64,
     /// Where to write the results table (markdown).
     #[arg(long, default_value = "target/bench/results.md")]
     out: PathBuf,
@@ -133,6 +157,8 @@ async fn run(args: &Args) -> anyhow::Result<Table> {
             Section::E2e => e2e::end_to_end(args, &mut table).await?,
             Section::Peers => peers::side_by_side(args, &mut table).await?,
             Section::Recovery => recovery::recover(args, &mut table).await?,
+            Section::Fair => fair::fair_sharing(args, &mut table).await?,
+            Section::Pacing => pacing::closed_loop(args, &mut table).await?,
         }
     }
     Ok(table)

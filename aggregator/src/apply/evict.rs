@@ -1,0 +1,61 @@
+//! The dedupe window's eviction: the writer drops log entries (and their
+//! ids) that fell out of the window, inside the group's write transaction.
+
+use adspend_common::telemetry::{DEDUPE_IDS, DEDUPE_WINDOW_SECONDS};
+use heed::RwTxn;
+
+use super::{GroupStats, Writer, MAX_EVICT_PER_TXN};
+use crate::dedupe;
+use crate::error::Error;
+use crate::store::log_key_time;
+
+impl Writer {
+    /// Drop the log entries older than the window (in stream time) or beyond
+    /// the count bound, oldest first, and their ids from the set. Whole
+    /// entries go, so the count bound may be undershot by one transaction's
+    /// ids. Returns the keys of the entries deleted.
+    pub(super) fn evict(
+        &mut self,
+        wtxn: &mut RwTxn<'_>,
+        clock_ms: u64,
+        stats: &mut GroupStats,
+    ) -> Result<Vec<[u8; 16]>, Error> {
+        let store = self.store.clone();
+        let cutoff = clock_ms.saturating_sub(self.dedupe.window_ms);
+        let mut evicted = 0u64;
+        let mut doomed: Vec<[u8; 16]> = Vec::new();
+        let mut oldest_kept: Option<u64> = None;
+        for entry in store
+            .dedupe_log
+            .iter(wtxn)
+            .map_err(store.err("iterate dedupe log"))?
+        {
+            let (key, ids) = entry.map_err(store.err("iterate dedupe log"))?;
+            let time = log_key_time(key);
+            let over = self.ids.len() as u64 > self.dedupe.max_ids;
+            if (time < cutoff || over) && evicted < MAX_EVICT_PER_TXN {
+                for id in dedupe::packed_ids(ids) {
+                    self.ids.remove(&id);
+                }
+                evicted += (ids.len() / 16) as u64;
+                doomed.push(key.try_into().expect("16-byte key"));
+            } else {
+                oldest_kept = Some(time);
+                break;
+            }
+        }
+        for key in &doomed {
+            store
+                .dedupe_log
+                .delete(wtxn, key.as_slice())
+                .map_err(store.err("evict dedupe log"))?;
+        }
+        metrics::gauge!(DEDUPE_IDS, "shard" => self.shard.clone()).set(self.ids.len() as f64);
+        if let Some(oldest) = oldest_kept {
+            metrics::gauge!(DEDUPE_WINDOW_SECONDS, "shard" => self.shard.clone())
+                .set(clock_ms.saturating_sub(oldest) as f64 / 1000.0);
+        }
+        stats.evicted = evicted;
+        Ok(doomed)
+    }
+}

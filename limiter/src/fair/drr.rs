@@ -1,0 +1,306 @@
+//! The fair scheduler's decision for one round, as pure functions.
+//!
+//! Each round the limiter has room for `capacity` units of input (payload
+//! bytes, one chunk) and a view of every source lane: how much waits, how old the
+//! oldest is (its lag) and the source's share of the recent usage (see
+//! `usage`). [`plan`] decides how many messages each lane gives.
+//!
+//! Intervention follows the usage/latency split: a source is a *victim*
+//! when its oldest event has waited longer than the lag threshold while its
+//! recent usage is below its fair share (`1/k` of the window among the `k`
+//! competing sources); an *offender* when its usage is above
+//! [`OFFENDER_FACTOR`] times that share. Only when some victim exists does
+//! the round become deficit round robin (victims first, then fair users,
+//! offenders last, each lane earning `capacity / k` per round); otherwise the
+//! oldest events go first, which is what the single FIFO consumer did. Either
+//! way the round is work-conserving: capacity left over goes to whoever
+//! still has messages, so an offender drains at the spare capacity.
+
+use std::cmp::Reverse;
+use std::time::Duration;
+
+/// Usage above this multiple of the fair share marks an offender.
+pub const OFFENDER_FACTOR: f64 = 1.5;
+
+/// One lane as the scheduler sees it at the start of a round.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LaneView {
+    /// Units (payload bytes) waiting.
+    pub pending: u64,
+    /// Age of the oldest waiting message; zero when none waits.
+    pub lag: Duration,
+    /// The source's share of the usage in the sliding window, in `0..=1`.
+    pub usage_share: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Class {
+    /// Waiting too long while using less than its fair share: served first.
+    Victim,
+    Fair,
+    /// Using more than [`OFFENDER_FACTOR`] times its fair share.
+    Offender,
+}
+
+/// A round's decision: how many units to take from each lane, in the
+/// order to take them, and whether the fair order was enforced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// `(lane index, units)`, lanes with nothing to give left out.
+    pub takes: Vec<(usize, u64)>,
+    pub intervening: bool,
+    pub classes: Vec<Class>,
+}
+
+impl Plan {
+    pub fn total(&self) -> u64 {
+        self.takes.iter().map(|(_, n)| n).sum()
+    }
+
+    pub fn take_of(&self, lane: usize) -> u64 {
+        self.takes
+            .iter()
+            .filter(|(i, _)| *i == lane)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Lanes held back this round: offenders under intervention that were
+    /// given less than they had waiting.
+    pub fn held_back(&self, lane: usize, view: &LaneView) -> bool {
+        self.intervening
+            && self.classes[lane] == Class::Offender
+            && self.take_of(lane) < view.pending
+    }
+}
+
+/// Sources competing for capacity: those with work waiting or with usage in
+/// the window.
+pub fn competing(lanes: &[LaneView]) -> usize {
+    lanes
+        .iter()
+        .filter(|l| l.pending > 0 || l.usage_share > 0.0)
+        .count()
+}
+
+pub fn classify(lanes: &[LaneView], lag_threshold: Duration) -> Vec<Class> {
+    let k = competing(lanes).max(1);
+    let fair_share = 1.0 / k as f64;
+    lanes
+        .iter()
+        .map(|l| {
+            if l.pending > 0 && l.usage_share > OFFENDER_FACTOR * fair_share {
+                Class::Offender
+            } else if l.pending > 0 && l.lag > lag_threshold && l.usage_share < fair_share {
+                Class::Victim
+            } else {
+                Class::Fair
+            }
+        })
+        .collect()
+}
+
+/// Deficit counters, one per lane, carried from round to round.
+#[derive(Debug, Default, Clone)]
+pub struct Deficits(pub Vec<u64>);
+
+/// Decide one round. `deficits` is resized to the lanes and updated.
+pub fn plan(
+    lanes: &[LaneView],
+    capacity: u64,
+    lag_threshold: Duration,
+    deficits: &mut Deficits,
+) -> Plan {
+    deficits.0.resize(lanes.len(), 0);
+    let classes = classify(lanes, lag_threshold);
+    let intervening = classes.contains(&Class::Victim);
+    let mut given = vec![0u64; lanes.len()];
+    let mut left = capacity;
+    // Oldest waiting first; ties by lane index so a plan is deterministic.
+    let mut order: Vec<usize> = (0..lanes.len()).filter(|&i| lanes[i].pending > 0).collect();
+    if intervening {
+        order.sort_by_key(|&i| (classes[i], Reverse(lanes[i].lag), i));
+        let k = competing(lanes).max(1) as u64;
+        let quantum = (capacity / k).max(1);
+        for &i in &order {
+            // A lane's credit never exceeds one chunk: an idle lane cannot
+            // bank capacity for a later burst.
+            deficits.0[i] = (deficits.0[i] + quantum).min(capacity);
+            let n = deficits.0[i].min(lanes[i].pending).min(left);
+            given[i] += n;
+            deficits.0[i] -= n;
+            left -= n;
+        }
+    } else {
+        order.sort_by_key(|&i| (Reverse(lanes[i].lag), i));
+    }
+    // Work-conserving: what is left goes to whoever still has messages.
+    for &i in &order {
+        let n = (lanes[i].pending - given[i]).min(left);
+        given[i] += n;
+        left -= n;
+    }
+    for (i, lane) in lanes.iter().enumerate() {
+        if lane.pending == given[i] {
+            deficits.0[i] = 0;
+        }
+    }
+    let takes = order
+        .iter()
+        .filter(|&&i| given[i] > 0)
+        .map(|&i| (i, given[i]))
+        .collect();
+    Plan {
+        takes,
+        intervening,
+        classes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const LAG: Duration = Duration::from_millis(200);
+
+    fn lane(pending: u64, lag_ms: u64, usage_share: f64) -> LaneView {
+        LaneView {
+            pending,
+            lag: Duration::from_millis(lag_ms),
+            usage_share,
+        }
+    }
+
+    #[test]
+    fn a_flooding_source_is_an_offender_and_a_waiting_trickle_a_victim() {
+        let lanes = [
+            lane(50_000, 3_000, 0.9),
+            lane(3, 900, 0.025),
+            lane(2, 50, 0.025),
+            lane(0, 0, 0.05),
+        ];
+        assert_eq!(
+            classify(&lanes, LAG),
+            vec![Class::Offender, Class::Victim, Class::Fair, Class::Fair]
+        );
+    }
+
+    #[test]
+    fn victims_are_served_before_the_offender_which_gets_the_rest() {
+        let lanes = [
+            lane(50_000, 3_000, 0.9),
+            lane(3, 900, 0.02),
+            lane(7, 400, 0.02),
+        ];
+        let plan = plan(&lanes, 1_000, LAG, &mut Deficits::default());
+        assert!(plan.intervening);
+        assert_eq!(plan.takes, vec![(1, 3), (2, 7), (0, 990)]);
+        assert!(plan.held_back(0, &lanes[0]));
+        assert!(!plan.held_back(1, &lanes[1]));
+    }
+
+    #[test]
+    fn without_victims_the_oldest_go_first_as_in_fifo() {
+        // The hot source is far ahead in usage, but nobody waits too long.
+        let lanes = [
+            lane(5_000, 150, 0.9),
+            lane(3, 100, 0.02),
+            lane(4, 180, 0.02),
+        ];
+        let plan = plan(&lanes, 1_000, LAG, &mut Deficits::default());
+        assert!(!plan.intervening);
+        assert_eq!(plan.takes, vec![(2, 4), (0, 996)]);
+    }
+
+    #[test]
+    fn two_floods_share_the_capacity_by_quantum() {
+        // Two equal backlogs, both victims of a third offender: each earns
+        // capacity / 3 before the offender gets anything.
+        let lanes = [
+            lane(10_000, 2_000, 0.1),
+            lane(10_000, 2_500, 0.1),
+            lane(10_000, 100, 0.8),
+        ];
+        let mut deficits = Deficits::default();
+        let plan = plan(&lanes, 900, LAG, &mut deficits);
+        assert!(plan.intervening);
+        assert_eq!(plan.takes, vec![(1, 300), (0, 300), (2, 300)]);
+    }
+
+    fn lanes_strategy() -> impl Strategy<Value = Vec<LaneView>> {
+        prop::collection::vec(
+            (0u64..5_000, 0u64..5_000, 0u32..=1_000).prop_map(|(pending, lag, share)| {
+                lane(
+                    pending,
+                    if pending == 0 { 0 } else { lag },
+                    f64::from(share) / 1_000.0,
+                )
+            }),
+            0..12,
+        )
+    }
+
+    proptest! {
+        /// Nothing taken twice or beyond what waits; the round is
+        /// work-conserving (a lane left waiting means the capacity is used).
+        #[test]
+        fn plans_are_bounded_and_work_conserving(
+            lanes in lanes_strategy(),
+            capacity in 1u64..3_000,
+            rounds in 1usize..5,
+        ) {
+            let mut deficits = Deficits::default();
+            for _ in 0..rounds {
+                let plan = plan(&lanes, capacity, LAG, &mut deficits);
+                let mut seen = std::collections::BTreeSet::new();
+                for &(i, n) in &plan.takes {
+                    prop_assert!(seen.insert(i), "lane {} listed twice", i);
+                    prop_assert!(n > 0 && n <= lanes[i].pending);
+                }
+                let waiting: u64 = lanes.iter().map(|l| l.pending).sum();
+                prop_assert_eq!(plan.total(), waiting.min(capacity));
+                prop_assert!(deficits.0.iter().all(|&d| d <= capacity));
+            }
+        }
+
+        /// Under intervention every victim gets at least its quantum (or all
+        /// it has) before any offender gets a message.
+        #[test]
+        fn victims_get_their_quantum_before_offenders(
+            lanes in lanes_strategy(),
+            capacity in 1u64..3_000,
+        ) {
+            let plan = plan(&lanes, capacity, LAG, &mut Deficits::default());
+            let k = competing(&lanes).max(1) as u64;
+            let quantum = (capacity / k).max(1);
+            let victims: Vec<usize> = (0..lanes.len()).filter(|&i| plan.classes[i] == Class::Victim).collect();
+            prop_assert_eq!(plan.intervening, !victims.is_empty());
+            let demand: u64 = victims.iter().map(|&i| lanes[i].pending.min(quantum)).sum();
+            if demand <= capacity {
+                for &i in &victims {
+                    prop_assert!(plan.take_of(i) >= lanes[i].pending.min(quantum));
+                }
+            }
+            if let Some(first_offender) = plan.takes.iter().position(|&(i, _)| plan.classes[i] == Class::Offender) {
+                prop_assert!(plan.takes[first_offender..].iter().all(|&(i, _)| plan.classes[i] != Class::Victim));
+            }
+        }
+
+        /// Victims and offenders are what they claim: a victim waits past
+        /// the threshold below its fair share, an offender is above 1.5x.
+        #[test]
+        fn classes_match_their_definitions(lanes in lanes_strategy()) {
+            let k = competing(&lanes).max(1) as f64;
+            for (l, class) in lanes.iter().zip(classify(&lanes, LAG)) {
+                match class {
+                    Class::Victim => prop_assert!(l.lag > LAG && l.usage_share < 1.0 / k && l.pending > 0),
+                    Class::Offender => prop_assert!(l.usage_share > OFFENDER_FACTOR / k && l.pending > 0),
+                    Class::Fair => prop_assert!(
+                        l.pending == 0 || (l.usage_share <= OFFENDER_FACTOR / k && !(l.lag > LAG && l.usage_share < 1.0 / k))
+                    ),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,434 @@
+//! Where the limiter's input comes from: the single FIFO consumer, or one
+//! lane per source pulled by the fair scheduler.
+//!
+//! - `lanes`: a durable consumer per source (`filter_subjects`), discovered
+//!   from the stream's subjects every [`DISCOVERY_EVERY`], and the handover
+//!   to and from the FIFO consumer.
+//! - `usage`: each source's usage of the limiter over a sliding window.
+//! - `drr`: one round's decision (victims, offenders, deficit round robin).
+//!
+//! A round gathers at most one chunk ([`ROUND_BYTES`] of payload, at most
+//! `max_batch` messages) from the lanes
+//! and hands it to the limiter as the FIFO loop did: one chunk, one round of
+//! publishes, then the input acks. Markers keep their order with the
+//! batches because chunks and markers still alternate in one loop.
+
+pub mod drr;
+pub mod lanes;
+pub mod sources;
+pub mod usage;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use adspend_common::now_ms;
+use async_nats::jetstream::consumer::pull;
+use async_nats::jetstream::stream::Stream as JsStream;
+use futures::stream::ReadyChunks;
+use futures::{FutureExt, StreamExt};
+use tokio::sync::mpsc;
+
+use crate::config::{Config, Scheduling};
+use crate::{Error, PullMessage};
+use drr::{Deficits, LaneView};
+pub use sources::SourceStat;
+
+/// How often the stream's subjects are listed to find new sources.
+pub const DISCOVERY_EVERY: Duration = Duration::from_millis(500);
+/// The usage window the shares are measured over.
+pub const USAGE_WINDOW: Duration = Duration::from_secs(5);
+/// Payload bytes one round takes at most (and `max_batch` messages): short
+/// rounds, so a waiting source is never behind one huge chunk.
+pub const ROUND_BYTES: u64 = 4 * 1024 * 1024;
+
+/// The limiter's input: chunks of messages, each acknowledged by the caller.
+pub enum Input {
+    /// The FIFO consumer's chunks; messages its metadata says a lane
+    /// handled before it took over are acknowledged and left out.
+    Fifo {
+        chunks: Box<ReadyChunks<pull::Stream>>,
+        handled: lanes::Handled,
+        token: usize,
+    },
+    Fair(Box<Scheduler>),
+}
+
+impl Input {
+    pub async fn open(stream: &JsStream, config: &Config) -> Result<Input, Error> {
+        let token = config.source_token as usize;
+        match config.scheduling {
+            Scheduling::Fifo => {
+                let (consumer, handled) = lanes::open_fifo(stream, &config.consumer, token).await?;
+                let messages =
+                    pull_stream(&consumer, &config.consumer, config.max_batch, None).await?;
+                Ok(Input::Fifo {
+                    chunks: Box::new(messages.ready_chunks(config.max_batch as usize)),
+                    handled,
+                    token,
+                })
+            }
+            Scheduling::Fair => Ok(Input::Fair(Box::new(
+                Scheduler::start(stream, config).await?,
+            ))),
+        }
+    }
+
+    /// The next chunk; `None` when the input ended.
+    pub async fn next(&mut self) -> Option<Vec<PullMessage>> {
+        match self {
+            Input::Fifo {
+                chunks,
+                handled,
+                token,
+            } => loop {
+                let mut chunk = chunks.next().await?;
+                if !handled.is_empty() {
+                    let (done, new): (Vec<_>, Vec<_>) = chunk.into_iter().partition(|m| {
+                        m.as_ref()
+                            .is_ok_and(|m| handled_by_lane(m, handled, *token))
+                    });
+                    for message in done.into_iter().flatten() {
+                        // A lost ack only means this check runs again.
+                        let _ = message.ack().await;
+                    }
+                    chunk = new;
+                }
+                if !chunk.is_empty() {
+                    return Some(chunk);
+                }
+            },
+            Input::Fair(scheduler) => Some(scheduler.next_chunk().await),
+        }
+    }
+}
+
+fn handled_by_lane(
+    message: &async_nats::jetstream::Message,
+    handled: &lanes::Handled,
+    token: usize,
+) -> bool {
+    let source = lanes::source_of(&message.subject, token);
+    let seq = message.info().map_or(0, |i| i.stream_sequence);
+    handled.get(source).is_some_and(|&floor| seq <= floor)
+}
+
+async fn pull_stream(
+    consumer: &async_nats::jetstream::consumer::PullConsumer,
+    name: &str,
+    max_batch: u32,
+    max_bytes: Option<u64>,
+) -> Result<pull::Stream, Error> {
+    let mut builder = consumer.stream().max_messages_per_batch(max_batch as usize);
+    if let Some(max_bytes) = max_bytes {
+        builder = builder.max_bytes_per_batch(max_bytes as usize);
+    }
+    builder
+        .heartbeat(Duration::from_secs(5))
+        .messages()
+        .await
+        .map_err(|e| Error::Consumer {
+            stream: adspend_common::nats::IMPRESSIONS_STREAM,
+            consumer: name.to_string(),
+            source: Box::new(e),
+        })
+}
+
+/// A lane's messages, forwarded by a task of its own from the consumer's
+/// pull stream into a small channel, so that a round can take what is
+/// ready without polling the stream out of its task.
+struct Feed {
+    head: Option<PullMessage>,
+    rx: mpsc::Receiver<PullMessage>,
+    closed: bool,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Feed {
+    fn new(mut messages: pull::Stream) -> Feed {
+        let (tx, rx) = mpsc::channel(64);
+        let task = tokio::spawn(async move {
+            while let Some(message) = messages.next().await {
+                if tx.send(message).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Feed {
+            head: None,
+            rx,
+            closed: false,
+            task,
+        }
+    }
+
+    /// Until a message is ready (or the feed ended). Cancel-safe.
+    async fn wait(&mut self) {
+        if self.head.is_none() && !self.closed {
+            match self.rx.recv().await {
+                Some(message) => self.head = Some(message),
+                None => self.closed = true,
+            }
+        }
+    }
+
+    fn head(&mut self) -> Option<&PullMessage> {
+        if self.head.is_none() {
+            match self.rx.try_recv() {
+                Ok(message) => self.head = Some(message),
+                Err(mpsc::error::TryRecvError::Disconnected) => self.closed = true,
+                Err(mpsc::error::TryRecvError::Empty) => {}
+            }
+        }
+        self.head.as_ref()
+    }
+
+    fn pop(&mut self) -> Option<PullMessage> {
+        self.head();
+        self.head.take()
+    }
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Lane {
+    source: String,
+    messages: Option<Feed>,
+    view: LaneView,
+    held_back: bool,
+}
+
+pub struct Scheduler {
+    stream: JsStream,
+    prefix: String,
+    token: usize,
+    max_batch: u32,
+    lag_threshold: Duration,
+    lanes: Vec<Lane>,
+    by_source: HashMap<String, usize>,
+    usage: usage::UsageWindow,
+    deficits: Deficits,
+    discovery: tokio::time::Interval,
+    published: Instant,
+}
+
+impl Scheduler {
+    /// Open a lane for every source in the stream; when a FIFO consumer is
+    /// found (an older limiter, or `fifo` scheduling before), the lanes take
+    /// over from its ack floor and it is deleted afterwards.
+    pub async fn start(stream: &JsStream, config: &Config) -> Result<Scheduler, Error> {
+        let now = Instant::now();
+        let mut scheduler = Scheduler {
+            stream: stream.clone(),
+            prefix: config.consumer.clone(),
+            token: config.source_token as usize,
+            max_batch: config.max_batch,
+            lag_threshold: Duration::from_millis(config.fair_lag_ms),
+            lanes: Vec::new(),
+            by_source: HashMap::new(),
+            usage: usage::UsageWindow::new(USAGE_WINDOW, now),
+            deficits: Deficits::default(),
+            discovery: tokio::time::interval(DISCOVERY_EVERY),
+            published: now,
+        };
+        scheduler
+            .discovery
+            .set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let takeover = lanes::takeover_from_fifo(stream, &config.consumer).await;
+        scheduler.discover(takeover).await?;
+        if let Some(start) = takeover {
+            lanes::retire_fifo(stream, &config.consumer).await?;
+            tracing::info!(
+                start,
+                lanes = scheduler.lanes.len(),
+                "source lanes took over from the FIFO consumer"
+            );
+        }
+        Ok(scheduler)
+    }
+
+    /// Open lanes for sources not seen before (and reopen ended ones).
+    async fn discover(&mut self, start: Option<u64>) -> Result<(), Error> {
+        for source in lanes::sources(&self.stream, self.token).await? {
+            if lanes::filters(&source, self.token).is_empty() {
+                continue;
+            }
+            let index = self.by_source.get(&source).copied();
+            if index.is_some_and(|i| self.lanes[i].messages.is_some()) {
+                continue;
+            }
+            let consumer =
+                lanes::open_lane(&self.stream, &self.prefix, &source, self.token, start).await?;
+            let name = lanes::lane_name(&self.prefix, &source);
+            // A lane buffers about two rounds: a source that is held back
+            // does not sit on much input (its ack wait runs meanwhile).
+            let messages =
+                pull_stream(&consumer, &name, self.max_batch, Some(2 * ROUND_BYTES)).await?;
+            let messages = Some(Feed::new(messages));
+            match index {
+                Some(i) => self.lanes[i].messages = messages,
+                None => {
+                    tracing::info!(source, consumer = name, "new source lane");
+                    self.by_source.insert(source.clone(), self.lanes.len());
+                    self.lanes.push(Lane {
+                        source,
+                        messages,
+                        view: LaneView {
+                            pending: 0,
+                            lag: Duration::ZERO,
+                            usage_share: 0.0,
+                        },
+                        held_back: false,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait until some lane has a message, then take one round's chunk.
+    /// Cancel-safe: messages are only taken after the last await.
+    pub async fn next_chunk(&mut self) -> Vec<PullMessage> {
+        loop {
+            let ready = {
+                let mut waits: Vec<_> = self
+                    .lanes
+                    .iter_mut()
+                    .filter_map(|l| l.messages.as_mut())
+                    .filter(|m| !m.closed)
+                    .map(|m| m.wait().boxed())
+                    .collect();
+                if waits.is_empty() {
+                    waits.push(futures::future::pending().boxed());
+                }
+                let any = futures::future::select_all(waits);
+                tokio::select! {
+                    biased;
+                    _ = self.discovery.tick() => false,
+                    _ = any => true,
+                }
+            };
+            if ready {
+                let chunk = self.take_round();
+                if !chunk.is_empty() {
+                    return chunk;
+                }
+            } else if let Err(e) = self.discover(None).await {
+                tracing::warn!(error = %e, "source discovery failed; retrying");
+            }
+        }
+    }
+
+    fn take_round(&mut self) -> Vec<PullMessage> {
+        let now = Instant::now();
+        let wall_ms = now_ms();
+        let shares = self.usage.shares(self.lanes.len(), now);
+        for (lane, share) in self.lanes.iter_mut().zip(shares) {
+            lane.view = LaneView {
+                usage_share: share,
+                ..Default::default()
+            };
+            let Some(messages) = lane.messages.as_mut() else {
+                continue;
+            };
+            // Already here: pending on the server does not count what was
+            // delivered before, or redelivered.
+            let here = messages.rx.len() as u64;
+            match messages.head() {
+                Some(Ok(head)) => {
+                    // Planned in payload bytes: the head's size stands for
+                    // the messages behind it.
+                    let size = (head.payload.len() as u64).max(1);
+                    let (pending, published_ms) = match head.info() {
+                        Ok(info) => (
+                            info.pending + 1,
+                            (info.published.unix_timestamp_nanos() / 1_000_000) as i64,
+                        ),
+                        Err(_) => (1, wall_ms),
+                    };
+                    lane.view.pending = (pending + here).saturating_mul(size);
+                    lane.view.lag =
+                        Duration::from_millis(wall_ms.saturating_sub(published_ms) as u64);
+                }
+                // An error item (a missed heartbeat and the like) is handed
+                // over like a message; the handler logs it.
+                Some(Err(_)) => lane.view.pending = 1,
+                None => {}
+            }
+            if lane.messages.as_ref().is_some_and(|m| m.closed) {
+                tracing::warn!(source = lane.source, "source lane ended; reopening it");
+                lane.messages = None;
+            }
+        }
+        let views: Vec<LaneView> = self.lanes.iter().map(|l| l.view).collect();
+        let plan = drr::plan(&views, ROUND_BYTES, self.lag_threshold, &mut self.deficits);
+        let mut chunk = Vec::new();
+        let mut chunk_bytes = 0;
+        for &(i, n) in &plan.takes {
+            chunk_bytes += self.take(i, n, &mut chunk, now);
+        }
+        // The estimates may fall short of what is ready, and messages may
+        // have arrived since the views were taken: fill the chunk, victims
+        // first and offenders last.
+        let mut fill: Vec<usize> = (0..self.lanes.len()).collect();
+        fill.sort_by_key(|&i| (plan.classes[i], std::cmp::Reverse(views[i].lag), i));
+        for i in fill {
+            let room = ROUND_BYTES.saturating_sub(chunk_bytes);
+            if room == 0 {
+                break;
+            }
+            chunk_bytes += self.take(i, room, &mut chunk, now);
+        }
+        for (i, lane) in self.lanes.iter_mut().enumerate() {
+            lane.held_back = plan.held_back(i, &views[i]);
+        }
+        if now.duration_since(self.published) >= sources::PUBLISH_EVERY {
+            self.published = now;
+            let stats = self.stats();
+            sources::publish(&stats, plan.intervening);
+        }
+        chunk
+    }
+
+    /// Take ready messages from lane `i` until `allotted` payload bytes
+    /// (the last one may go past it) or `max_batch` messages in the chunk;
+    /// record the lane's usage and return the bytes taken.
+    fn take(&mut self, i: usize, allotted: u64, chunk: &mut Vec<PullMessage>, now: Instant) -> u64 {
+        let Some(messages) = self.lanes[i].messages.as_mut() else {
+            return 0;
+        };
+        let mut bytes = 0u64;
+        while bytes < allotted && chunk.len() < self.max_batch as usize {
+            match messages.pop() {
+                Some(message) => {
+                    if let Ok(m) = &message {
+                        bytes += m.payload.len() as u64;
+                    }
+                    chunk.push(message);
+                }
+                _ => break,
+            }
+        }
+        if bytes > 0 {
+            self.usage.record(i, bytes, now);
+        }
+        bytes
+    }
+
+    /// Per source, as of the last round.
+    pub fn stats(&self) -> Vec<SourceStat> {
+        self.lanes
+            .iter()
+            .map(|l| SourceStat {
+                source: l.source.clone(),
+                usage_share: l.view.usage_share,
+                lag_seconds: l.view.lag.as_secs_f64(),
+                pending_bytes: l.view.pending,
+                held_back: l.held_back,
+            })
+            .collect()
+    }
+}

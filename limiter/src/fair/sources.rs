@@ -1,0 +1,61 @@
+//! What the fair scheduler knows per source, for operators: the gauges
+//! `adspend_limiter_source_*` (labelled `source`) and a snapshot that the
+//! limiter's own code can serve as JSON.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use adspend_common::telemetry::{
+    LIMITER_SOURCE_HELD_BACK, LIMITER_SOURCE_LAG_SECONDS, LIMITER_SOURCE_USAGE_SHARE,
+};
+use serde::Serialize;
+
+/// How often the gauges and the snapshot are refreshed (not every round).
+pub const PUBLISH_EVERY: Duration = Duration::from_millis(250);
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SourceStat {
+    pub source: String,
+    /// Share of the limiter's recent usage (payload bytes over the usage
+    /// window), `0..=1`.
+    pub usage_share: f64,
+    /// Age of the source's oldest waiting event at the last round.
+    pub lag_seconds: f64,
+    /// Payload bytes waiting (an estimate from the last round: the messages
+    /// pending times the size of the oldest).
+    pub pending_bytes: u64,
+    /// Given less than it had waiting, so that others got their share.
+    pub held_back: bool,
+}
+
+/// The per-source snapshot and whether the last round intervened.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Snapshot {
+    pub intervening: bool,
+    pub sources: Vec<SourceStat>,
+}
+
+static LATEST: Mutex<Option<Snapshot>> = Mutex::new(None);
+
+pub fn publish(stats: &[SourceStat], intervening: bool) {
+    for s in stats {
+        let label = [("source", s.source.clone())];
+        metrics::gauge!(LIMITER_SOURCE_USAGE_SHARE, &label).set(s.usage_share);
+        metrics::gauge!(LIMITER_SOURCE_LAG_SECONDS, &label).set(s.lag_seconds);
+        metrics::gauge!(LIMITER_SOURCE_HELD_BACK, &label).set(if s.held_back { 1.0 } else { 0.0 });
+    }
+    *LATEST.lock().unwrap_or_else(|e| e.into_inner()) = Some(Snapshot {
+        intervening,
+        sources: stats.to_vec(),
+    });
+}
+
+/// The last published snapshot (empty before the first round, and with
+/// FIFO scheduling).
+pub fn snapshot() -> Snapshot {
+    LATEST
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+        .unwrap_or_default()
+}

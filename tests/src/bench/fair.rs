@@ -1,0 +1,330 @@
+//! Fair sharing among sources: five sources (A–E) publish at steady rates
+//! to `impressions.<source>`, then A floods (10x its rate) or replays a
+//! backlog at once, on a real pipeline whose limiter schedules `fair` or
+//! `fifo`. The same traffic for both.
+//!
+//! Freshness is measured per source in the pacer: each source's ads book to
+//! a limit of its own (`src-<source>`), every event costs the same, and a
+//! poller reads the five limits every few milliseconds; a message is fresh
+//! at the first poll whose lifetime spend covers it (publish to the pacer
+//! holding the sum, within the poll interval).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use async_nats::jetstream;
+use tokio::sync::Mutex;
+
+use crate::harness::{free_port, NatsOptions};
+use crate::pipeline::{Backends, Pipeline};
+use crate::sim::{Catalog, Limit, Period};
+
+pub const SOURCES: [&str; 5] = ["A", "B", "C", "D", "E"];
+const ADS_PER_SOURCE: usize = 100;
+const COST_MICROS: u64 = 1_000;
+const POLL_EVERY: Duration = Duration::from_millis(5);
+const TICK: Duration = Duration::from_millis(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surge {
+    /// A publishes at ten times its rate during the surge.
+    Flood,
+    /// A publishes this many events as fast as JetStream takes them at the
+    /// start of the surge (an exchange reconnecting with its backlog).
+    Backlog(u64),
+}
+
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// `fair` or `fifo` (`ADSPEND_LIMITER_SCHEDULING`).
+    pub scheduling: &'static str,
+    pub surge: Surge,
+    /// Events per second of each source while steady.
+    pub rate: f64,
+    /// Events per message.
+    pub batch: usize,
+    pub steady: Duration,
+    pub surge_for: Duration,
+}
+
+/// Freshness (seconds) of one source's messages, per phase.
+#[derive(Debug, Clone, Default)]
+pub struct SourceResult {
+    pub steady: Vec<f64>,
+    pub surge: Vec<f64>,
+    pub events: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub sources: BTreeMap<&'static str, SourceResult>,
+    /// From the end of publishing until A's last event was in the pacer.
+    pub a_drain_secs: f64,
+    /// Whether every source's total equals what was acknowledged.
+    pub exact: bool,
+}
+
+pub fn catalog() -> Catalog {
+    let limit = |period| Limit {
+        budget_micros: u64::MAX / 4,
+        period,
+        time_zone: "UTC".into(),
+        parent: None,
+    };
+    let mut catalog = Catalog {
+        limits: BTreeMap::new(),
+        ads: BTreeMap::new(),
+    };
+    for source in SOURCES {
+        catalog
+            .limits
+            .insert(format!("src-{source}"), limit(Period::Lifetime));
+        for i in 0..ADS_PER_SOURCE {
+            let own = format!("{source}-lim-{}", i % 20);
+            catalog.limits.insert(own.clone(), limit(Period::Daily));
+            catalog.ads.insert(
+                format!("{source}-ad-{i}"),
+                vec![own, format!("src-{source}")],
+            );
+        }
+    }
+    catalog
+}
+
+pub async fn start(scheduling: &str) -> anyhow::Result<Pipeline> {
+    let options = NatsOptions {
+        lazy_sync: true,
+        ..NatsOptions::default()
+    };
+    let mut p = Pipeline::start_with(Backends::default(), options, catalog()).await;
+    let mut env: Vec<(&str, &str)> = super::e2e::SERVICE_ENV.to_vec();
+    env.push(("ADSPEND_LIMITER_SCHEDULING", scheduling));
+    p.aggregator = Some(p.spawn_with("aggregator", free_port(), &env));
+    p.limiter = Some(p.spawn_with("limiter", free_port(), &env));
+    p.pacer = Some(p.spawn_with("pacer", free_port(), &env));
+    p.wait_pacer().await;
+    crate::sim::ensure_stream(&p.client().await).await?;
+    Ok(p)
+}
+
+/// (when, lifetime spend) per source, as the pacer served it.
+type Polls = Arc<Mutex<BTreeMap<&'static str, Vec<(Instant, u64)>>>>;
+
+/// What a source published: per message, when and the events up to it.
+#[derive(Default)]
+struct Sent {
+    marks: Vec<(Instant, u64)>,
+}
+
+struct Publisher {
+    js: jetstream::Context,
+    source: &'static str,
+    sent: Arc<Mutex<Sent>>,
+    next_id: u64,
+    acks: tokio::task::JoinSet<anyhow::Result<()>>,
+}
+
+impl Publisher {
+    async fn publish(&mut self, events: u64) -> anyhow::Result<()> {
+        let ts = adspend_common::now_ms();
+        let mut payload = String::with_capacity(events as usize * 80);
+        for _ in 0..events {
+            let n = self.next_id;
+            self.next_id += 1;
+            payload.push_str(&format!(
+                "{{\"id\":\"{}-{n}\",\"ad_id\":\"{}-ad-{}\",\"cost_micros\":{COST_MICROS},\"ts\":{ts}}}\n",
+                self.source,
+                self.source,
+                n as usize % ADS_PER_SOURCE
+            ));
+        }
+        let at = Instant::now();
+        let ack = self
+            .js
+            .publish(format!("impressions.{}", self.source), payload.into())
+            .await
+            .context("publish")?;
+        self.sent.lock().await.marks.push((at, self.next_id));
+        self.acks
+            .spawn(async move { ack.await.map(|_| ()).context("publish ack") });
+        while self.acks.len() > 512 {
+            self.acks.join_next().await.expect("non-empty")??;
+        }
+        Ok(())
+    }
+
+    /// Publish at `rate` events/s until `until`, in messages of `batch`.
+    async fn steady(&mut self, rate: f64, batch: usize, until: Instant) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let mut published = 0u64;
+        let mut tick = tokio::time::interval(TICK);
+        while Instant::now() < until {
+            tick.tick().await;
+            let due = (started.elapsed().as_secs_f64() * rate) as u64;
+            while published + batch as u64 <= due {
+                self.publish(batch as u64).await?;
+                published += batch as u64;
+            }
+        }
+        Ok(())
+    }
+
+    async fn finish(mut self) -> anyhow::Result<u64> {
+        while let Some(r) = self.acks.join_next().await {
+            r??;
+        }
+        Ok(self.next_id)
+    }
+}
+
+/// Run one scenario on a fresh pipeline.
+pub async fn run(s: &Scenario) -> anyhow::Result<Outcome> {
+    let p = start(s.scheduling).await?;
+    let client = p.client().await;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let stop_polling = tokio_util::sync::CancellationToken::new();
+    let polls: Polls = Default::default();
+    let poller = {
+        let (polls, stop, url) = (polls.clone(), stop_polling.clone(), p.pacer_url());
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let reads = SOURCES.map(|source| {
+                    let http = http.clone();
+                    let url = format!("{url}/v1/limits/src-{source}");
+                    async move {
+                        let spend = async {
+                            let v: serde_json::Value =
+                                http.get(&url).send().await.ok()?.json().await.ok()?;
+                            v["lifetime_spend_micros"].as_u64()
+                        }
+                        .await;
+                        (source, Instant::now(), spend)
+                    }
+                });
+                for (source, at, spend) in futures::future::join_all(reads).await {
+                    if let Some(spend) = spend {
+                        polls
+                            .lock()
+                            .await
+                            .entry(source)
+                            .or_default()
+                            .push((at, spend));
+                    }
+                }
+                tokio::time::sleep(POLL_EVERY).await;
+            }
+        })
+    };
+
+    let started = Instant::now();
+    let surge_at = started + s.steady;
+    let end = surge_at + s.surge_for;
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut sents = BTreeMap::new();
+    for source in SOURCES {
+        let sent = Arc::new(Mutex::new(Sent::default()));
+        sents.insert(source, sent.clone());
+        let mut publisher = Publisher {
+            js: jetstream::new(client.clone()),
+            source,
+            sent,
+            next_id: 0,
+            acks: tokio::task::JoinSet::new(),
+        };
+        let (rate, batch, surge) = (s.rate, s.batch, s.surge);
+        tasks.spawn(async move {
+            publisher.steady(rate, batch, surge_at).await?;
+            match (source, surge) {
+                ("A", Surge::Flood) => publisher.steady(rate * 10.0, batch, end).await?,
+                ("A", Surge::Backlog(events)) => {
+                    let big = 1_000u64;
+                    for _ in 0..events.div_ceil(big) {
+                        publisher.publish(big).await?;
+                    }
+                    publisher.steady(rate, batch, end).await?;
+                }
+                _ => publisher.steady(rate, batch, end).await?,
+            }
+            anyhow::Ok((source, publisher.finish().await?))
+        });
+    }
+    let mut totals = BTreeMap::new();
+    while let Some(done) = tasks.join_next().await {
+        let (source, events) = done??;
+        totals.insert(source, events);
+    }
+    let published = Instant::now();
+
+    // Until every source's total is in the pacer (or the drain timeout).
+    let deadline = published + Duration::from_secs(600);
+    let mut a_done = None;
+    loop {
+        let polls = polls.lock().await;
+        let caught_up = |source: &str| {
+            polls
+                .get(source)
+                .and_then(|v| v.last())
+                .map(|&(at, spend)| (at, spend))
+                .filter(|&(_, spend)| spend >= totals[source] * COST_MICROS)
+        };
+        if a_done.is_none() {
+            a_done = caught_up("A").map(|(at, _)| at);
+        }
+        if SOURCES.iter().all(|s| caught_up(s).is_some()) || Instant::now() > deadline {
+            break;
+        }
+        drop(polls);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop_polling.cancel();
+    poller.await?;
+    let polls = polls.lock().await;
+    let mut exact = true;
+    let mut sources = BTreeMap::new();
+    for source in SOURCES {
+        let empty = Vec::new();
+        let source_polls = polls.get(source).unwrap_or(&empty);
+        let final_spend = source_polls.last().map_or(0, |&(_, s)| s);
+        exact &= final_spend == totals[source] * COST_MICROS;
+        let mut result = SourceResult {
+            events: totals[source],
+            ..Default::default()
+        };
+        let sent = sents[source].lock().await;
+        let mut cursor = 0;
+        for &(at, upto) in &sent.marks {
+            while cursor < source_polls.len() && source_polls[cursor].1 < upto * COST_MICROS {
+                cursor += 1;
+            }
+            let Some(&(seen, _)) = source_polls.get(cursor) else {
+                break;
+            };
+            let fresh = seen.saturating_duration_since(at).as_secs_f64();
+            if at < surge_at {
+                result.steady.push(fresh);
+            } else {
+                result.surge.push(fresh);
+            }
+        }
+        sources.insert(source, result);
+    }
+    Ok(Outcome {
+        sources,
+        a_drain_secs: a_done.map_or(f64::NAN, |at| {
+            at.saturating_duration_since(published).as_secs_f64()
+        }),
+        exact,
+    })
+}
+
+/// The `q` quantile (0..=1) of `values`, NaN when empty.
+pub fn quantile(values: &[f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}

@@ -1,0 +1,94 @@
+//! Fair sharing among sources: per source freshness p50/p99 while steady
+//! and while A floods (10x) or replays a backlog, with the limiter's `fair`
+//! and `fifo` scheduling on the same traffic.
+
+use std::time::Duration;
+
+use adspend_tests::bench::fair::{self, quantile, Scenario, Surge, SOURCES};
+use adspend_tests::bench::report::{Samples, Table};
+
+use crate::Args;
+
+pub(crate) async fn fair_sharing(args: &Args, table: &mut Table) -> anyhow::Result<()> {
+    let surges = [
+        ("flood 10x", Surge::Flood),
+        ("backlog", Surge::Backlog(args.fair_backlog)),
+    ];
+    let mut lines = vec![
+        "| A's surge | scheduling | source | steady p50 ms | steady p99 ms | surge p50 ms | surge p99 ms | events |".to_string(),
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |".to_string(),
+    ];
+    for (surge_name, surge) in surges {
+        for scheduling in ["fair", "fifo"] {
+            let (mut worst_ratio, mut drain) = (Samples::default(), Samples::default());
+            for run in 0..args.runs {
+                let outcome = fair::run(&Scenario {
+                    scheduling,
+                    surge,
+                    rate: args.fair_rate,
+                    batch: 100,
+                    steady: Duration::from_secs(5),
+                    surge_for: Duration::from_secs(args.fair_secs),
+                })
+                .await?;
+                anyhow::ensure!(
+                    outcome.exact,
+                    "fair sharing run ({surge_name}, {scheduling}) did not match what was published"
+                );
+                let mut ratio: f64 = 0.0;
+                for source in SOURCES {
+                    let r = &outcome.sources[source];
+                    let ms = |v: &[f64], q| quantile(v, q) * 1000.0;
+                    let line = format!(
+                        "| {surge_name} | {scheduling} | {source} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
+                        ms(&r.steady, 0.5),
+                        ms(&r.steady, 0.99),
+                        ms(&r.surge, 0.5),
+                        ms(&r.surge, 0.99),
+                        r.events
+                    );
+                    println!("bench:   run {run}: {line}");
+                    if run == 0 {
+                        lines.push(line);
+                    }
+                    if source != "A" {
+                        ratio = ratio.max(quantile(&r.surge, 0.99) / quantile(&r.steady, 0.99));
+                    }
+                }
+                println!(
+                    "bench:   run {run}: {surge_name}, {scheduling}: A drained {:.1} s after publishing ended; worst B-E p99 surge/steady {ratio:.1}x",
+                    outcome.a_drain_secs
+                );
+                worst_ratio.push(ratio);
+                drain.push(outcome.a_drain_secs);
+            }
+            let note = format!(
+                "A–E at {} events/s each, 100 events/message; A {surge_name}; limiter {scheduling}",
+                args.fair_rate
+            );
+            table.add(
+                format!(
+                    "fair sharing: B–E p99 freshness, surge / steady ({surge_name}, {scheduling})"
+                ),
+                "x",
+                worst_ratio,
+                None,
+                note.clone(),
+            );
+            table.add(
+                format!(
+                    "fair sharing: A drained after publishing ended ({surge_name}, {scheduling})"
+                ),
+                "s",
+                drain,
+                None,
+                note,
+            );
+        }
+    }
+    println!(
+        "\nbench: per-source freshness (first run):\n{}",
+        lines.join("\n")
+    );
+    Ok(())
+}

@@ -1,0 +1,108 @@
+//! The control plane as etcd holds it, read with `etcdctl` inside an etcd
+//! container (whose environment carries the CA and the admin client
+//! certificate: etcd accepts nothing else).
+
+use std::collections::BTreeMap;
+
+use anyhow::{ensure, Context};
+use serde_json::Value;
+
+use super::Cluster;
+
+impl Cluster {
+    /// `etcdctl ARGS` inside the first etcd container that answers.
+    pub async fn etcdctl(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut last = anyhow::anyhow!("no etcd container is running");
+        for etcd in ["etcd1", "etcd2", "etcd3"] {
+            // A stopped or paused container refuses the exec at once.
+            let id = self.id(etcd).await?;
+            let mut full = vec!["exec", id.as_str(), "etcdctl", "--command-timeout=3s"];
+            full.extend_from_slice(args);
+            match self.run("docker", &full).await {
+                Ok(out) => return Ok(out),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// `etcdctl ARGS` in etcd1 with `env` overriding its settings (an empty
+    /// value unsets one: `ETCDCTL_CERT=` drops the client certificate), to
+    /// show what etcd does with clients that lack something.
+    pub async fn etcdctl_as(&self, env: &[(&str, &str)], args: &[&str]) -> anyhow::Result<String> {
+        let id = self.id("etcd1").await?;
+        let env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let mut full = vec!["exec"];
+        for pair in &env {
+            full.extend(["-e", pair.as_str()]);
+        }
+        full.extend([
+            id.as_str(),
+            "etcdctl",
+            "--dial-timeout=3s",
+            "--command-timeout=3s",
+        ]);
+        full.extend_from_slice(args);
+        self.run("docker", &full).await
+    }
+
+    /// Every key under `prefix` with its (single-line) value.
+    pub async fn etcd_prefix(&self, prefix: &str) -> anyhow::Result<BTreeMap<String, String>> {
+        let out = self.etcdctl(&["get", "--prefix", prefix]).await?;
+        let lines: Vec<&str> = out.lines().collect();
+        ensure!(
+            lines.len().is_multiple_of(2),
+            "etcdctl get --prefix {prefix}: odd output (multi-line value?)"
+        );
+        Ok(lines
+            .chunks(2)
+            .map(|kv| (kv[0].to_owned(), kv[1].to_owned()))
+            .collect())
+    }
+
+    /// Partition → owning member id, from `/adspend/partitions/<p>/owner`.
+    pub async fn owners(&self) -> anyhow::Result<BTreeMap<u32, String>> {
+        let mut owners = BTreeMap::new();
+        for (key, value) in self.etcd_prefix("/adspend/partitions/").await? {
+            if let Some(p) = key
+                .strip_prefix("/adspend/partitions/")
+                .and_then(|k| k.strip_suffix("/owner"))
+            {
+                owners.insert(p.parse().context("partition number")?, value);
+            }
+        }
+        Ok(owners)
+    }
+
+    /// Live members, from `/adspend/members/<id>`.
+    pub async fn members(&self) -> anyhow::Result<Vec<String>> {
+        Ok(self
+            .etcd_prefix("/adspend/members/")
+            .await?
+            .keys()
+            .filter_map(|k| k.strip_prefix("/adspend/members/").map(str::to_owned))
+            .collect())
+    }
+
+    /// Partition → (epoch, seq) of its checkpoint record in etcd.
+    pub async fn checkpoints(&self) -> anyhow::Result<BTreeMap<u32, (u64, u64)>> {
+        let mut records = BTreeMap::new();
+        for (key, value) in self.etcd_prefix("/adspend/shards/").await? {
+            let Some(p) = key
+                .strip_prefix("/adspend/shards/p")
+                .and_then(|k| k.strip_suffix("/checkpoint"))
+            else {
+                continue;
+            };
+            let record: Value = serde_json::from_str(&value)
+                .with_context(|| format!("checkpoint record {key}: {value}"))?;
+            let field = |name: &str| {
+                record[name]
+                    .as_u64()
+                    .with_context(|| format!("{key} has no {name}: {value}"))
+            };
+            records.insert(p.parse()?, (field("epoch")?, field("seq")?));
+        }
+        Ok(records)
+    }
+}

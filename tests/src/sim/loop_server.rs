@@ -1,0 +1,216 @@
+//! One simulated ad server of the closed loop ([`super::closed_loop`]):
+//! each tick it draws the requests that arrived from the day-shaped curve,
+//! asks the pacer about their ads in batches, and serves what it may.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Poisson, Zipf};
+use serde::Deserialize;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::closed_loop::{day_shape, hour_of, AdRecord, Counters, LoopConfig};
+use super::loop_publish::Served;
+use super::truth::CatalogIndex;
+use super::CostDistribution;
+
+#[derive(Deserialize)]
+struct Decisions {
+    decisions: Vec<Decision>,
+}
+
+#[derive(Deserialize)]
+struct Decision {
+    ad_id: String,
+    servable: bool,
+    multiplier: f64,
+}
+
+/// One simulated ad server.
+pub(crate) struct Server {
+    rng: SmallRng,
+    zipf: Zipf<f64>,
+    rank_to_ad: Arc<[u32]>,
+    index: Arc<CatalogIndex>,
+    config: LoopConfig,
+    http: reqwest::Client,
+    counters: Arc<Counters>,
+    tx: mpsc::UnboundedSender<Served>,
+    records: Vec<AdRecord>,
+    failures: u32,
+}
+
+impl Server {
+    pub(crate) fn new(
+        i: usize,
+        config: &LoopConfig,
+        index: &Arc<CatalogIndex>,
+        http: reqwest::Client,
+        counters: Arc<Counters>,
+        tx: mpsc::UnboundedSender<Served>,
+    ) -> anyhow::Result<Self> {
+        let ads = index.ad_ids.len();
+        // Popularity ranks are the same on every server: one seeded shuffle.
+        let mut ranks: Vec<u32> = (0..ads as u32).collect();
+        ranks.shuffle(&mut SmallRng::seed_from_u64(config.seed));
+        Ok(Self {
+            rng: SmallRng::seed_from_u64(config.seed ^ (0x9e37_79b9 * (i as u64 + 1))),
+            zipf: Zipf::new(ads as f64, config.zipf_exponent)
+                .map_err(|e| anyhow::anyhow!("bad Zipf exponent: {e}"))?,
+            rank_to_ad: ranks.into(),
+            index: index.clone(),
+            config: config.clone(),
+            http,
+            counters,
+            tx,
+            records: vec![AdRecord::default(); ads],
+            failures: 0,
+        })
+    }
+
+    pub(crate) async fn run(mut self, start: Instant, stop: CancellationToken) -> Vec<AdRecord> {
+        let mut tick = tokio::time::interval(self.config.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last = Instant::now();
+        let share = self.config.peak_rate / self.config.servers as f64;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.cancelled() => break,
+            }
+            let now = Instant::now();
+            let dt = (now - last).as_secs_f64();
+            last = now;
+            let hour = hour_of(now - start, self.config.day);
+            let mean = share * day_shape(hour) * dt;
+            let requests = match Poisson::new(mean) {
+                Ok(p) => p.sample(&mut self.rng) as usize,
+                Err(_) => 0,
+            };
+            if requests == 0 {
+                continue;
+            }
+            self.counters.requests.fetch_add(requests as u64, Relaxed);
+            let ads: Vec<u32> = (0..requests).map(|_| self.sample_ad()).collect();
+            for (n, chunk) in ads.chunks(self.config.decision_batch).enumerate() {
+                if stop.is_cancelled() || !self.ask_and_serve(chunk).await {
+                    let dropped = ads.len() - n * self.config.decision_batch;
+                    self.counters.unasked.fetch_add(dropped as u64, Relaxed);
+                    break;
+                }
+            }
+        }
+        self.records
+    }
+
+    fn sample_ad(&mut self) -> u32 {
+        let rank = self.zipf.sample(&mut self.rng) as usize;
+        self.rank_to_ad[rank.clamp(1, self.rank_to_ad.len()) - 1]
+    }
+
+    /// Asks about `ads` and serves what may be served; false (after backing
+    /// off) when the pacer could not be asked.
+    async fn ask_and_serve(&mut self, ads: &[u32]) -> bool {
+        let asked = Instant::now();
+        let ids: Vec<&str> = ads
+            .iter()
+            .map(|&a| self.index.ad_ids[a as usize].as_str())
+            .collect();
+        self.counters.decision_calls.fetch_add(1, Relaxed);
+        let answer = self.decide(&ids).await;
+        let decisions = match answer {
+            Ok(d) if d.len() == ads.len() => d,
+            Ok(d) => {
+                let e = anyhow::anyhow!("{} decisions for {} ads", d.len(), ads.len());
+                return self.back_off(e).await;
+            }
+            Err(e) => return self.back_off(e).await,
+        };
+        self.failures = 0;
+        let ts = unix_ms();
+        for (&ad, decision) in ads.iter().zip(decisions) {
+            debug_assert_eq!(decision.ad_id, self.index.ad_ids[ad as usize]);
+            let record = &mut self.records[ad as usize];
+            if !decision.servable {
+                record.not_servable += 1;
+                self.counters.not_servable.fetch_add(1, Relaxed);
+                continue;
+            }
+            record.servable += 1;
+            record.last_servable_asked = Some(asked);
+            self.counters.servable.fetch_add(1, Relaxed);
+            if !self.rng.random_bool(decision.multiplier.clamp(0.0, 1.0)) {
+                continue;
+            }
+            record.served += 1;
+            record.last_served_asked = Some(asked);
+            let cost = sample_cost(&self.config.cost, &mut self.rng);
+            self.counters.served.fetch_add(1, Relaxed);
+            self.counters.served_micros.fetch_add(cost, Relaxed);
+            let served = Served {
+                ad,
+                cost,
+                ts,
+                due: Instant::now() + self.config.publish_delay,
+            };
+            if self.tx.send(served).is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    async fn decide(&self, ids: &[&str]) -> anyhow::Result<Vec<Decision>> {
+        let url = format!("{}/v1/decisions", self.config.pacer_url);
+        let mut request = self
+            .http
+            .post(&url)
+            .json(&serde_json::json!({ "ad_ids": ids }));
+        if let Some(token) = &self.config.pacer_token {
+            request = request.bearer_auth(token);
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("POST {url}"))?;
+        let status = response.status();
+        anyhow::ensure!(status.is_success(), "POST {url}: {status}");
+        let body: Decisions = response.json().await.context("decoding the decisions")?;
+        Ok(body.decisions)
+    }
+
+    async fn back_off(&mut self, error: anyhow::Error) -> bool {
+        let errors = self.counters.decision_errors.fetch_add(1, Relaxed);
+        if errors == 0 {
+            tracing::warn!(error = %format!("{error:#}"), "cannot ask the pacer; serving nothing meanwhile");
+        }
+        self.failures = (self.failures + 1).min(5);
+        tokio::time::sleep(Duration::from_millis(100 << self.failures).min(Duration::from_secs(2)))
+            .await;
+        false
+    }
+}
+
+fn unix_ms() -> i64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The cost of one served impression, integer micros.
+fn sample_cost(cost: &CostDistribution, rng: &mut SmallRng) -> u64 {
+    match *cost {
+        CostDistribution::Uniform { min, max } => rng.random_range(min..=max),
+        CostDistribution::LogUniform { min, max } => {
+            let (lo, hi) = ((min as f64).ln(), (max as f64).ln());
+            (rng.random_range(lo..=hi).exp().round() as u64).clamp(min, max)
+        }
+    }
+}
