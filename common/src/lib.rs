@@ -4,8 +4,10 @@
 //! [`catalog`], emits [`types::SpendTuple`]s encoded by [`codec`] onto the
 //! JetStream streams of [`nats`]) → `aggregator` (sums in LMDB, snapshots
 //! and checkpoint records, which only it uses and so keeps) → `pacer` (reads
-//! [`types::SumsUpdate`] pushes). [`config`], [`telemetry`],
-//! [`shutdown`] and [`failpoint`] are the same plumbing in every service,
+//! [`types::SumsUpdate`] pushes; the limiter also reports its per-source
+//! scheduling to the pacer as [`source_report::SourcesReport`]s).
+//! [`config`], [`telemetry`], [`shutdown`] and [`failpoint`] are the same
+//! plumbing in every service,
 //! [`service`] is the `main` they share and [`env`] names every setting.
 
 pub mod catalog;
@@ -19,6 +21,7 @@ pub mod failpoint;
 pub mod nats;
 pub mod service;
 pub mod shutdown;
+pub mod source_report;
 pub mod telemetry;
 pub mod types;
 

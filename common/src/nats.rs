@@ -19,6 +19,9 @@ pub const DEADLETTER_SUBJECTS: &str = "deadletter.>";
 pub const SUMS_SUBJECT_PREFIX: &str = "adspend.sums";
 /// Core NATS subject on which a pacer asks every aggregator for its full state.
 pub const SUMS_RESYNC_SUBJECT: &str = "adspend.resync";
+/// Core NATS subject of the limiters' per-source reports (limiter → pacer,
+/// [`crate::source_report`]).
+pub const SOURCES_SUBJECT: &str = "adspend.sources";
 
 pub fn spend_subject(partition: u32) -> String {
     format!("spend.{partition}")

@@ -21,6 +21,7 @@ use tokio::sync::{watch, RwLock};
 use crate::auth::{require_decide, require_read, Auth};
 use crate::pacing::{decide, view, Decision, LimitView};
 use crate::reply::{error, json_errors, method_not_allowed, not_found, ApiJson, ApiPath, ApiQuery};
+use crate::sources::SourceReports;
 use crate::state::SpendState;
 
 /// Largest request body accepted (a decisions batch): 413 above it.
@@ -30,6 +31,8 @@ pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 pub struct AppState {
     pub catalog: watch::Receiver<Arc<Catalog>>,
     pub spend: Arc<RwLock<SpendState>>,
+    /// The limiters' latest per-source reports.
+    pub sources: Arc<std::sync::Mutex<SourceReports>>,
 }
 
 /// The API port: everything.
@@ -39,11 +42,14 @@ pub fn router(state: AppState, auth: Auth) -> Router {
         .route("/v1/limits/{limit_id}", get(get_limit))
         .route("/v1/limits/{limit_id}/history", get(get_history))
         .route("/v1/shards", get(list_shards))
+        .route("/v1/sources", get(list_sources))
         .route_layer(from_fn_with_state(auth.clone(), require_read));
     let decide = Router::new()
         .route("/v1/decisions", post(decisions))
         .route_layer(from_fn_with_state(auth, require_decide));
-    let open = Router::new().route("/", get(dashboard));
+    let open = Router::new()
+        .route("/", get(dashboard))
+        .route("/dashboard/sources.js", get(dashboard_sources));
     finish(open.merge(read).merge(decide).merge(ops_routes())).with_state(state)
 }
 
@@ -187,6 +193,18 @@ async fn list_shards(State(app): State<AppState>) -> Response {
     Json(Shards { shards }).into_response()
 }
 
+/// Per limiter, its latest report of how it shares itself among the
+/// sources of `IMPRESSIONS` (stale ones marked).
+async fn list_sources(State(app): State<AppState>) -> Response {
+    let now_ms = Utc::now().timestamp_millis();
+    let view = app
+        .sources
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .view(now_ms);
+    Json(view).into_response()
+}
+
 #[derive(Deserialize)]
 struct DecisionRequest {
     ad_ids: Vec<String>,
@@ -231,4 +249,13 @@ async fn metrics() -> Response {
 
 async fn dashboard() -> Html<&'static str> {
     Html(include_str!("dashboard.html"))
+}
+
+/// The dashboard's Sources panel (a script of its own, loaded by the page).
+async fn dashboard_sources() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("dashboard_sources.js"),
+    )
+        .into_response()
 }

@@ -1,7 +1,7 @@
 //! Optional bearer tokens for the API, in two scopes:
 //!
-//! - `read`: `GET /v1/limits`, `/v1/limits/{id}`, `/v1/limits/{id}/history`
-//!   and `/v1/shards` (all the dashboard's data);
+//! - `read`: `GET /v1/limits`, `/v1/limits/{id}`, `/v1/limits/{id}/history`,
+//!   `/v1/shards` and `/v1/sources` (all the dashboard's data);
 //! - `decide`: `POST /v1/decisions`.
 //!
 //! Each scope has its own list (`ADSPEND_PACER_READ_TOKENS`,
@@ -9,8 +9,8 @@
 //! neither set the API is as it always was. A decide token does not read:
 //! a bidder needs only decisions, and a leaked bidder token then cannot
 //! list every budget and its spend; a client that needs both has its token
-//! in both lists. `/healthz`, `/metrics` and the dashboard page itself (no
-//! data) never need a token.
+//! in both lists. `/healthz`, `/metrics` and the dashboard page and its
+//! script (no data) never need a token.
 //!
 //! Tokens are compared in constant time (in the presented token's content)
 //! against every configured token, and never logged: [`Auth`]'s `Debug`

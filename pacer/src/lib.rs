@@ -6,7 +6,8 @@
 //! through [`pacing`] to answer `/v1/limits` and `/v1/decisions`, and serves
 //! the dashboard, behind the optional bearer tokens of [`auth`], with JSON
 //! errors ([`reply`]), on listeners that [`serve`] guards against slow
-//! clients.
+//! clients. [`sources`] keeps the limiters' per-source reports for
+//! `/v1/sources`.
 
 pub mod api;
 pub mod auth;
@@ -18,6 +19,7 @@ pub mod pacing;
 pub mod reply;
 pub mod serve;
 pub mod shape;
+pub mod sources;
 pub mod state;
 
 use std::net::SocketAddr;
@@ -92,6 +94,13 @@ pub async fn run(
     let catalog = source.clone().watch(shutdown.clone()).await?;
     let client = nats::connect(&config.nats, "adspend-pacer").await?;
     let pushes = ingest::subscribe(&client).await?;
+    let source_reports = sources::subscribe(&client).await?;
+    let reports = Arc::new(std::sync::Mutex::new(sources::SourceReports::default()));
+    tasks.spawn(sources::run(
+        source_reports,
+        reports.clone(),
+        shutdown.clone(),
+    ));
     let spend = Arc::new(RwLock::new(state::SpendState {
         stale_after_ms: config.stale_after_ms as i64,
         listening_since_ms: Some(adspend_common::now_ms()),
@@ -132,7 +141,14 @@ pub async fn run(
             }
         });
     }
-    let app = api::router(api::AppState { catalog, spend }, settings.auth.clone());
+    let app = api::router(
+        api::AppState {
+            catalog,
+            spend,
+            sources: reports,
+        },
+        settings.auth.clone(),
+    );
     let result = serve::serve(listeners.api, app, settings.http, shutdown.clone())
         .await
         .map_err(Error::Serve);

@@ -48,6 +48,7 @@ async fn start(auth: Auth, limits: HttpLimits) -> Pacer {
     let state = AppState {
         catalog: receiver,
         spend: Arc::new(RwLock::new(SpendState::default())),
+        sources: Default::default(),
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -216,7 +217,12 @@ async fn tokens_guard_their_own_scope_only() {
     let decide = format!("Bearer {DECIDE}");
     let body = r#"{"ad_ids":["ad-1"]}"#;
 
-    for path in ["/v1/limits", "/v1/limits/campaign", "/v1/shards"] {
+    for path in [
+        "/v1/limits",
+        "/v1/limits/campaign",
+        "/v1/shards",
+        "/v1/sources",
+    ] {
         let none = request(a, "GET", path, &[], "").await;
         none.assert_json_error(401);
         assert!(
@@ -274,8 +280,16 @@ async fn tokens_guard_their_own_scope_only() {
     assert_eq!(decided.status, 200, "{decided:?}");
     assert_eq!(decided.json()["decisions"][0]["ad_id"], "ad-1");
 
-    // Never behind a token: the page itself, health and metrics.
+    // Never behind a token: the page itself, its script, health and metrics.
     assert_eq!(request(a, "GET", "/", &[], "").await.status, 200);
+    let script = request(a, "GET", "/dashboard/sources.js", &[], "").await;
+    assert_eq!(script.status, 200, "{script:?}");
+    assert!(
+        script
+            .header("content-type")
+            .is_some_and(|v| v.starts_with("text/javascript")),
+        "{script:?}"
+    );
     assert_eq!(request(a, "GET", "/healthz", &[], "").await.status, 200);
     let metrics = request(a, "GET", "/metrics", &[], "").await;
     assert!(
