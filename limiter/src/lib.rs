@@ -6,12 +6,14 @@
 //! batches and dead letters) is published and acknowledged by JetStream before
 //! the input is acknowledged. A timer injects a checkpoint marker into every
 //! partition; it runs in the same loop, so markers are ordered with the
-//! batches around them.
+//! batches around them, as does a timer that sends the pacers a [`report`]
+//! of how the input is shared among its sources.
 
 pub mod config;
 pub mod emit;
 pub mod error;
 pub mod fair;
+pub mod report;
 pub mod validate;
 
 use std::sync::Arc;
@@ -81,7 +83,7 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
     let shutdown = context.shutdown;
     let catalog = catalog_source.clone().watch(shutdown.clone()).await?;
     let client = nats::connect(&config.nats, "adspend-limiter").await?;
-    let js = jetstream::new(client);
+    let js = jetstream::new(client.clone());
     let replicas = config.streams.replicas();
     let impressions = nats::ensure_impressions(&js, replicas).await?;
     nats::ensure_spend(&js, replicas).await?;
@@ -107,11 +109,15 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
     let mut markers = tokio::time::interval(config.checkpoint_interval());
     markers.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     markers.tick().await;
+    let mut reporter = report::Reporter::new(&config.consumer, config.scheduling);
+    let mut reports = tokio::time::interval(report::REPORT_EVERY);
+    reports.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
             _ = markers.tick() => limiter.publish_markers().await,
+            _ = reports.tick() => reporter.send(&client, input.report()).await,
             chunk = input.next() => match chunk {
                 Some(chunk) => limiter.handle_chunk(chunk).await,
                 None => {

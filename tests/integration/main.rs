@@ -20,4 +20,5 @@ mod poison;
 mod recovery;
 mod restart;
 mod sim_selftest;
+mod sources;
 mod support;

@@ -100,6 +100,15 @@ impl Input {
             Input::Fair(scheduler) => Some(scheduler.next_chunk().await),
         }
     }
+
+    /// Per source as of now, and whether the last round intervened; `None`
+    /// with FIFO scheduling (one consumer, no sources).
+    pub fn report(&mut self) -> Option<(Vec<SourceStat>, bool)> {
+        match self {
+            Input::Fifo { .. } => None,
+            Input::Fair(scheduler) => Some(scheduler.report()),
+        }
+    }
 }
 
 fn handled_by_lane(
@@ -199,6 +208,11 @@ struct Lane {
     messages: Option<Feed>,
     view: LaneView,
     held_back: bool,
+    /// Messages waiting at the last look (the view counts bytes).
+    pending_messages: u64,
+    /// Taken since the limiter started.
+    messages_total: u64,
+    bytes_total: u64,
 }
 
 pub struct Scheduler {
@@ -213,6 +227,8 @@ pub struct Scheduler {
     deficits: Deficits,
     discovery: tokio::time::Interval,
     published: Instant,
+    /// Whether the last round enforced the fair order.
+    intervening: bool,
 }
 
 impl Scheduler {
@@ -233,6 +249,7 @@ impl Scheduler {
             deficits: Deficits::default(),
             discovery: tokio::time::interval(DISCOVERY_EVERY),
             published: now,
+            intervening: false,
         };
         scheduler
             .discovery
@@ -282,6 +299,9 @@ impl Scheduler {
                             usage_share: 0.0,
                         },
                         held_back: false,
+                        pending_messages: 0,
+                        messages_total: 0,
+                        bytes_total: 0,
                     });
                 }
             }
@@ -324,46 +344,7 @@ impl Scheduler {
 
     fn take_round(&mut self) -> Vec<PullMessage> {
         let now = Instant::now();
-        let wall_ms = now_ms();
-        let shares = self.usage.shares(self.lanes.len(), now);
-        for (lane, share) in self.lanes.iter_mut().zip(shares) {
-            lane.view = LaneView {
-                usage_share: share,
-                ..Default::default()
-            };
-            let Some(messages) = lane.messages.as_mut() else {
-                continue;
-            };
-            // Already here: pending on the server does not count what was
-            // delivered before, or redelivered.
-            let here = messages.rx.len() as u64;
-            match messages.head() {
-                Some(Ok(head)) => {
-                    // Planned in payload bytes: the head's size stands for
-                    // the messages behind it.
-                    let size = (head.payload.len() as u64).max(1);
-                    let (pending, published_ms) = match head.info() {
-                        Ok(info) => (
-                            info.pending + 1,
-                            (info.published.unix_timestamp_nanos() / 1_000_000) as i64,
-                        ),
-                        Err(_) => (1, wall_ms),
-                    };
-                    lane.view.pending = (pending + here).saturating_mul(size);
-                    lane.view.lag =
-                        Duration::from_millis(wall_ms.saturating_sub(published_ms) as u64);
-                }
-                // An error item (a missed heartbeat and the like) is handed
-                // over like a message; the handler logs it.
-                Some(Err(_)) => lane.view.pending = 1,
-                None => {}
-            }
-            if lane.messages.as_ref().is_some_and(|m| m.closed) {
-                tracing::warn!(source = lane.source, "source lane ended; reopening it");
-                lane.messages = None;
-            }
-        }
-        let views: Vec<LaneView> = self.lanes.iter().map(|l| l.view).collect();
+        let views = self.refresh(now);
         let plan = drr::plan(&views, ROUND_BYTES, self.lag_threshold, &mut self.deficits);
         let mut chunk = Vec::new();
         let mut chunk_bytes = 0;
@@ -385,6 +366,7 @@ impl Scheduler {
         for (i, lane) in self.lanes.iter_mut().enumerate() {
             lane.held_back = plan.held_back(i, &views[i]);
         }
+        self.intervening = plan.intervening;
         if now.duration_since(self.published) >= sources::PUBLISH_EVERY {
             self.published = now;
             let stats = self.stats();
@@ -393,11 +375,62 @@ impl Scheduler {
         chunk
     }
 
+    /// Every lane's view as of `now`: its usage share over the window, and
+    /// what waits (from the head message) with its lag.
+    fn refresh(&mut self, now: Instant) -> Vec<LaneView> {
+        let wall_ms = now_ms();
+        let shares = self.usage.shares(self.lanes.len(), now);
+        for (lane, share) in self.lanes.iter_mut().zip(shares) {
+            lane.view = LaneView {
+                usage_share: share,
+                ..Default::default()
+            };
+            let Some(messages) = lane.messages.as_mut() else {
+                continue;
+            };
+            // Already here: pending on the server does not count what was
+            // delivered before, or redelivered.
+            let here = messages.rx.len() as u64;
+            lane.pending_messages = 0;
+            match messages.head() {
+                Some(Ok(head)) => {
+                    // Planned in payload bytes: the head's size stands for
+                    // the messages behind it.
+                    let size = (head.payload.len() as u64).max(1);
+                    let (pending, published_ms) = match head.info() {
+                        Ok(info) => (
+                            info.pending + 1,
+                            (info.published.unix_timestamp_nanos() / 1_000_000) as i64,
+                        ),
+                        Err(_) => (1, wall_ms),
+                    };
+                    lane.pending_messages = pending + here;
+                    lane.view.pending = (pending + here).saturating_mul(size);
+                    lane.view.lag =
+                        Duration::from_millis(wall_ms.saturating_sub(published_ms) as u64);
+                }
+                // An error item (a missed heartbeat and the like) is handed
+                // over like a message; the handler logs it.
+                Some(Err(_)) => {
+                    lane.view.pending = 1;
+                    lane.pending_messages = 1;
+                }
+                None => {}
+            }
+            if lane.messages.as_ref().is_some_and(|m| m.closed) {
+                tracing::warn!(source = lane.source, "source lane ended; reopening it");
+                lane.messages = None;
+            }
+        }
+        self.lanes.iter().map(|l| l.view).collect()
+    }
+
     /// Take ready messages from lane `i` until `allotted` payload bytes
     /// (the last one may go past it) or `max_batch` messages in the chunk;
     /// record the lane's usage and return the bytes taken.
     fn take(&mut self, i: usize, allotted: u64, chunk: &mut Vec<PullMessage>, now: Instant) -> u64 {
-        let Some(messages) = self.lanes[i].messages.as_mut() else {
+        let lane = &mut self.lanes[i];
+        let Some(messages) = lane.messages.as_mut() else {
             return 0;
         };
         let mut bytes = 0u64;
@@ -406,12 +439,14 @@ impl Scheduler {
                 Some(message) => {
                     if let Ok(m) = &message {
                         bytes += m.payload.len() as u64;
+                        lane.messages_total += 1;
                     }
                     chunk.push(message);
                 }
                 _ => break,
             }
         }
+        lane.bytes_total += bytes;
         if bytes > 0 {
             self.usage.record(i, bytes, now);
         }
@@ -427,7 +462,10 @@ impl Scheduler {
                 usage_share: l.view.usage_share,
                 lag_seconds: l.view.lag.as_secs_f64(),
                 pending_bytes: l.view.pending,
+                pending_messages: l.pending_messages,
                 held_back: l.held_back,
+                messages_total: l.messages_total,
+                bytes_total: l.bytes_total,
             })
             .collect()
     }

@@ -1,6 +1,7 @@
 //! What the fair scheduler knows per source, for operators: the gauges
-//! `adspend_limiter_source_*` (labelled `source`) and a snapshot that the
-//! limiter's own code can serve as JSON.
+//! `adspend_limiter_source_*` (labelled `source`), a snapshot that the
+//! limiter's own code can serve as JSON, and [`super::Scheduler::report`],
+//! the view the limiter sends the pacers (`crate::report`).
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -24,8 +25,14 @@ pub struct SourceStat {
     /// Payload bytes waiting (an estimate from the last round: the messages
     /// pending times the size of the oldest).
     pub pending_bytes: u64,
+    /// Messages waiting (on the server and buffered here).
+    pub pending_messages: u64,
     /// Given less than it had waiting, so that others got their share.
     pub held_back: bool,
+    /// Input messages and their payload bytes taken since the limiter
+    /// started.
+    pub messages_total: u64,
+    pub bytes_total: u64,
 }
 
 /// The per-source snapshot and whether the last round intervened.
@@ -48,6 +55,25 @@ pub fn publish(stats: &[SourceStat], intervening: bool) {
         intervening,
         sources: stats.to_vec(),
     });
+}
+
+impl super::Scheduler {
+    /// Per source as of now (shares and what waits looked at afresh, so an
+    /// idle limiter's report decays instead of repeating its last busy
+    /// round), and whether the last round intervened. A source stays held
+    /// back while the last round held it back and it still has messages
+    /// waiting; with nothing waiting anywhere nobody is intervening.
+    /// Refreshes the gauges too.
+    pub fn report(&mut self) -> (Vec<SourceStat>, bool) {
+        self.refresh(std::time::Instant::now());
+        for lane in &mut self.lanes {
+            lane.held_back &= lane.pending_messages > 0;
+        }
+        self.intervening &= self.lanes.iter().any(|l| l.pending_messages > 0);
+        let stats = self.stats();
+        publish(&stats, self.intervening);
+        (stats, self.intervening)
+    }
 }
 
 /// The last published snapshot (empty before the first round, and with

@@ -1,7 +1,8 @@
 //! The API's side: every limit as `/v1/limits` pages it, the dashboard's
-//! order, and what the history endpoint has for a limit.
+//! order, what the history endpoint has for a limit, and the sources the
+//! limiters report.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
@@ -71,6 +72,29 @@ pub(super) async fn read_api(url: &str) -> BTreeMap<String, ApiLimit> {
             None => return limits,
         }
     }
+}
+
+/// Every (limiter, source) of `/v1/sources`, with its held-back flag.
+pub(super) async fn read_sources(url: &str) -> BTreeSet<(String, String, bool)> {
+    let body: Value = reqwest::get(format!("{url}/v1/sources"))
+        .await
+        .and_then(|r| r.error_for_status())
+        .expect("GET /v1/sources")
+        .json()
+        .await
+        .expect("/v1/sources is JSON");
+    let mut sources = BTreeSet::new();
+    for limiter in body["limiters"].as_array().expect("limiters array") {
+        let name = limiter["limiter"].as_str().expect("limiter name");
+        for source in limiter["sources"].as_array().expect("sources array") {
+            sources.insert((
+                name.to_owned(),
+                source["source"].as_str().expect("source name").to_owned(),
+                source["held_back"].as_bool().expect("held_back"),
+            ));
+        }
+    }
+    sources
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

@@ -1,7 +1,8 @@
 //! The dashboard at `GET /`, rendered by headless Chromium against a real
 //! pipeline: every row carries the API's exact micros, exhausted limits come
 //! first, `?q=` filters by limit id, and the chart area follows the history
-//! endpoint (a chart when it has points, "no history yet" on 404).
+//! endpoint (a chart when it has points, "no history yet" on 404); the
+//! Sources panel lists what the limiter reports (`/v1/sources`).
 //!
 //! Chromium runs the page's own polling for a few seconds of virtual time
 //! (`--virtual-time-budget`) and prints the resulting DOM (`--dump-dom`),
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use adspend_tests::sim::SimConfig;
 
-use self::api::{read_api, read_history, urgency, ApiLimit, HistoryState};
+use self::api::{read_api, read_history, read_sources, urgency, ApiLimit, HistoryState};
 use self::chromium::{chromium_binary, run_chromium};
 use self::page::{check_rows, Page};
 use crate::support::{assert_exact, sim_config, Backends, Pipeline};
@@ -69,6 +70,7 @@ async fn dashboard_shows_exact_spend_exhausted_first_and_filters() {
     );
     assert!(page.updated_ms.is_some(), "no 'last updated' time shown");
     assert!(page.lag_ms.is_some(), "no overall lag shown");
+    check_sources(&url, &page).await;
 
     // The default selection is the first (most urgent) row, and its chart
     // area matches what the history endpoint had before the page was read.
@@ -137,6 +139,46 @@ async fn dashboard_shows_exact_spend_exhausted_first_and_filters() {
                 );
             }
         }
+    }
+}
+
+/// The Sources panel against `/v1/sources`: a row per (limiter, source),
+/// highlighted exactly where the source is held back. The limiter has
+/// reported since it started (every second), so the panel shows rows.
+async fn check_sources(url: &str, page: &Page) {
+    let api = read_sources(url).await;
+    assert!(
+        !api.is_empty(),
+        "the limiter reported no sources: the panel has nothing to show"
+    );
+    assert_eq!(
+        page.sources_state.as_deref(),
+        Some("rows"),
+        "the Sources panel shows no rows"
+    );
+    let shown: BTreeSet<(&str, &str)> = page
+        .source_rows
+        .iter()
+        .map(|r| (r.limiter.as_str(), r.source.as_str()))
+        .collect();
+    let reported: BTreeSet<(&str, &str)> = api
+        .iter()
+        .map(|(limiter, source, _)| (limiter.as_str(), source.as_str()))
+        .collect();
+    assert_eq!(shown, reported, "the Sources panel vs /v1/sources");
+    assert_eq!(
+        page.source_rows.len(),
+        reported.len(),
+        "a source is listed twice"
+    );
+    for row in &page.source_rows {
+        let marked = row.class.split_whitespace().any(|c| c == "held-back");
+        let flag = row.held_back_attr.as_deref();
+        assert!(
+            flag == Some("true") || flag == Some("false"),
+            "{row:?}: data-held-back"
+        );
+        assert_eq!(marked, flag == Some("true"), "{row:?}: highlight vs flag");
     }
 }
 

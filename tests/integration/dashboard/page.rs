@@ -18,6 +18,18 @@ pub(super) struct Page {
     pub(super) stale: bool,
     /// What the history endpoint said for the first row before rendering.
     pub(super) history_before: HistoryState,
+    /// The Sources panel: its rows, and which content it shows (`rows` or
+    /// an empty state).
+    pub(super) source_rows: Vec<SourceRow>,
+    pub(super) sources_state: Option<String>,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct SourceRow {
+    pub(super) limiter: String,
+    pub(super) source: String,
+    pub(super) held_back_attr: Option<String>,
+    pub(super) class: String,
 }
 
 #[derive(Debug, Default)]
@@ -69,6 +81,12 @@ impl Page {
                         row.money.insert(kind.to_owned(), (micros, text));
                     }
                 }
+                "tr" if tag.attr("data-source").is_some() => page.source_rows.push(SourceRow {
+                    limiter: tag.attr("data-limiter").unwrap_or_default().to_owned(),
+                    source: tag.attr("data-source").unwrap_or_default().to_owned(),
+                    held_back_attr: tag.attr("data-held-back").map(str::to_owned),
+                    class: tag.attr("class").unwrap_or_default().to_owned(),
+                }),
                 "body" => {
                     page.stale = tag
                         .attr("class")
@@ -82,6 +100,9 @@ impl Page {
                     Some("search") => page.search_value = tag.attr("value").map(str::to_owned),
                     Some("updated") => page.updated_ms = tag.attr("data-ms").map(str::to_owned),
                     Some("c-lag") => page.lag_ms = tag.attr("data-ms").map(str::to_owned),
+                    Some("source-rows") => {
+                        page.sources_state = tag.attr("data-state").map(str::to_owned)
+                    }
                     _ => {}
                 },
             }
