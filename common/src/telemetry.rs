@@ -16,6 +16,10 @@ use tracing_subscriber::EnvFilter;
 
 // limiter
 pub const IMPRESSIONS_TOTAL: &str = "adspend_limiter_impressions_total";
+/// Of those, impressions whose message JetStream delivered more than once
+/// (an ack wait ran out, or a limiter died holding it); their tuples are
+/// re-emitted and dropped by id downstream.
+pub const REDELIVERED_IMPRESSIONS_TOTAL: &str = "adspend_limiter_redelivered_impressions_total";
 pub const REJECTED_TOTAL: &str = "adspend_rejected_total";
 pub const TUPLES_EMITTED_TOTAL: &str = "adspend_limiter_tuples_emitted_total";
 pub const SPEND_MESSAGES_TOTAL: &str = "adspend_limiter_spend_messages_total";

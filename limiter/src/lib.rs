@@ -24,7 +24,8 @@ use adspend_common::codec::encode_spend;
 use adspend_common::nats::{self, spend_subject};
 use adspend_common::service::{self, Context, Service};
 use adspend_common::telemetry::{
-    IMPRESSIONS_TOTAL, MARKERS_TOTAL, REJECTED_TOTAL, SPEND_MESSAGES_TOTAL, TUPLES_EMITTED_TOTAL,
+    IMPRESSIONS_TOTAL, MARKERS_TOTAL, REDELIVERED_IMPRESSIONS_TOTAL, REJECTED_TOTAL,
+    SPEND_MESSAGES_TOTAL, TUPLES_EMITTED_TOTAL,
 };
 use adspend_common::types::{CheckpointMarker, SpendMessage};
 use adspend_common::{failpoint, now_ms};
@@ -165,15 +166,20 @@ impl Limiter {
         let catalog = self.catalog.borrow().clone();
         let mut out = Output::new(self.partitions).with_max_cost(self.max_cost_micros);
         let mut source_ms = i64::MAX;
+        // Impressions read again: JetStream redelivered their message (an
+        // ack wait ran out, or a limiter died holding it).
+        let mut redelivered = 0;
         for message in &received {
-            let (stream_seq, published_ms) = match message.info() {
+            let (stream_seq, published_ms, delivered) = match message.info() {
                 Ok(info) => (
                     info.stream_sequence,
                     (info.published.unix_timestamp_nanos() / 1_000_000) as i64,
+                    info.delivered,
                 ),
-                Err(_) => (0, now_ms()),
+                Err(_) => (0, now_ms(), 1),
             };
             source_ms = source_ms.min(published_ms);
+            let before = out.impressions;
             out.add(
                 &Input {
                     stream_seq,
@@ -181,6 +187,9 @@ impl Limiter {
                 },
                 &catalog,
             );
+            if delivered > 1 {
+                redelivered += out.impressions - before;
+            }
         }
         let publish = self.publish_output(&out, source_ms);
         tokio::pin!(publish);
@@ -204,6 +213,7 @@ impl Limiter {
         }
         failpoint::hit("limiter.after_publish");
         metrics::counter!(IMPRESSIONS_TOTAL).increment(out.impressions);
+        metrics::counter!(REDELIVERED_IMPRESSIONS_TOTAL).increment(redelivered);
         metrics::counter!(TUPLES_EMITTED_TOTAL).increment(out.tuples() as u64);
         for (reason, n) in &out.rejected {
             metrics::counter!(REJECTED_TOTAL, "reason" => reason.as_str()).increment(*n);
