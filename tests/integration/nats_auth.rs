@@ -235,6 +235,24 @@ async fn services_with_their_own_users_over_tls_are_exact_and_an_ad_server_is_co
     let comparison = p.settle(&truth, Duration::from_secs(60)).await;
     assert_exact(&comparison, &truth);
 
+    // The limiter's source reports reach the pacer under their grants.
+    let url = p.pacer_url();
+    wait_until(Duration::from_secs(15), Duration::from_millis(200), || {
+        let url = url.clone();
+        async move {
+            let Ok(response) = reqwest::get(format!("{url}/v1/sources")).await else {
+                return false;
+            };
+            let body: serde_json::Value = response.json().await.unwrap_or_default();
+            body["limiters"].as_array().is_some_and(|l| {
+                l.iter()
+                    .any(|l| l["sources"].as_array().is_some_and(|s| !s.is_empty()))
+            })
+        }
+    })
+    .await
+    .expect("no source report from the limiter reached the pacer");
+
     // The services needed nothing beyond their grants.
     let log = p.nats.log_tail(10_000);
     let violations: Vec<&str> = log.lines().filter(|l| l.contains("Violation")).collect();
@@ -266,8 +284,8 @@ async fn services_with_their_own_users_over_tls_are_exact_and_an_ad_server_is_co
         "the auditor may publish impressions"
     );
 
-    // The ad server may not write spend, pushes, resyncs or dead letters, nor
-    // touch JetStream's API.
+    // The ad server may not write spend, pushes, resyncs, source reports or
+    // dead letters, nor touch JetStream's API.
     let before = p.lifetimes().await.expect("pacer limits");
     let limit = before.keys().next().expect("a limit").clone();
     let forged = forged_push(&limit, 1 << 50);
@@ -276,6 +294,7 @@ async fn services_with_their_own_users_over_tls_are_exact_and_an_ad_server_is_co
         "adspend.sums.all",
         "adspend.sums.forged",
         "adspend.resync",
+        "adspend.sources",
         "deadletter.x",
         "$JS.API.STREAM.DELETE.IMPRESSIONS",
     ] {
