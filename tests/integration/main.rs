@@ -11,6 +11,7 @@ mod deadletter;
 mod decisions;
 mod etcd_tls;
 mod fair;
+mod fair_watch;
 mod harness_selftest;
 mod membership;
 mod nats_auth;

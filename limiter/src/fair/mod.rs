@@ -1,9 +1,12 @@
 //! Where the limiter's input comes from: the single FIFO consumer, or one
 //! lane per source pulled by the fair scheduler.
 //!
-//! - `lanes`: a durable consumer per source (`filter_subjects`), discovered
-//!   from the stream's subjects every [`DISCOVERY_EVERY`], and the handover
-//!   to and from the FIFO consumer.
+//! - `lanes`: a durable consumer per source (`filter_subjects`), and the
+//!   handover to and from the FIFO consumer.
+//! - `watch`: reports a new source at its first message, so that its lane
+//!   opens at once; the stream's subjects are also listed at the start and
+//!   every [`LISTING_EVERY`].
+//! - `feed`: a lane's messages as a round sees them.
 //! - `usage`: each source's usage of the limiter over a sliding window.
 //! - `drr`: one round's decision (victims, offenders, deficit round robin).
 //!
@@ -14,9 +17,11 @@
 //! batches because chunks and markers still alternate in one loop.
 
 pub mod drr;
+mod feed;
 pub mod lanes;
 pub mod sources;
 pub mod usage;
+pub mod watch;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -26,15 +31,16 @@ use async_nats::jetstream::consumer::pull;
 use async_nats::jetstream::stream::Stream as JsStream;
 use futures::stream::ReadyChunks;
 use futures::{FutureExt, StreamExt};
-use tokio::sync::mpsc;
 
 use crate::config::{Config, Scheduling};
 use crate::{Error, PullMessage};
 use drr::{Deficits, LaneView};
+use feed::Feed;
 pub use sources::SourceStat;
 
-/// How often the stream's subjects are listed to find new sources.
-pub const DISCOVERY_EVERY: Duration = Duration::from_millis(500);
+/// How often the stream's subjects are listed, to find a new source the
+/// watch has not reported (it normally reports one at its first message).
+pub const LISTING_EVERY: Duration = Duration::from_secs(5);
 /// The usage window the shares are measured over.
 pub const USAGE_WINDOW: Duration = Duration::from_secs(5);
 /// Payload bytes one round takes at most (and `max_batch` messages): short
@@ -142,64 +148,21 @@ async fn pull_stream(
         })
 }
 
-/// A lane's messages, forwarded by a task of its own from the consumer's
-/// pull stream into a small channel, so that a round can take what is
-/// ready without polling the stream out of its task.
-struct Feed {
-    head: Option<PullMessage>,
-    rx: mpsc::Receiver<PullMessage>,
-    closed: bool,
-    task: tokio::task::JoinHandle<()>,
+/// How a lane's source was found.
+#[derive(Debug, Clone, Copy)]
+enum Found {
+    Start,
+    Watch,
+    Listing,
 }
 
-impl Feed {
-    fn new(mut messages: pull::Stream) -> Feed {
-        let (tx, rx) = mpsc::channel(64);
-        let task = tokio::spawn(async move {
-            while let Some(message) = messages.next().await {
-                if tx.send(message).await.is_err() {
-                    break;
-                }
-            }
-        });
-        Feed {
-            head: None,
-            rx,
-            closed: false,
-            task,
+impl Found {
+    fn as_str(self) -> &'static str {
+        match self {
+            Found::Start => "start",
+            Found::Watch => "watch",
+            Found::Listing => "listing",
         }
-    }
-
-    /// Until a message is ready (or the feed ended). Cancel-safe.
-    async fn wait(&mut self) {
-        if self.head.is_none() && !self.closed {
-            match self.rx.recv().await {
-                Some(message) => self.head = Some(message),
-                None => self.closed = true,
-            }
-        }
-    }
-
-    fn head(&mut self) -> Option<&PullMessage> {
-        if self.head.is_none() {
-            match self.rx.try_recv() {
-                Ok(message) => self.head = Some(message),
-                Err(mpsc::error::TryRecvError::Disconnected) => self.closed = true,
-                Err(mpsc::error::TryRecvError::Empty) => {}
-            }
-        }
-        self.head.as_ref()
-    }
-
-    fn pop(&mut self) -> Option<PullMessage> {
-        self.head();
-        self.head.take()
-    }
-}
-
-impl Drop for Feed {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 
@@ -225,37 +188,84 @@ pub struct Scheduler {
     by_source: HashMap<String, usize>,
     usage: usage::UsageWindow,
     deficits: Deficits,
-    discovery: tokio::time::Interval,
+    watch: watch::Watch,
+    /// Sources the watch reported whose lane is not open yet (an opening
+    /// interrupted by the caller is finished on the next call).
+    seen: Vec<String>,
+    listing: tokio::time::Interval,
     published: Instant,
     /// Whether the last round enforced the fair order.
     intervening: bool,
 }
 
+/// What woke the scheduler up.
+enum Wake {
+    Ready,
+    Seen(String),
+    Listing,
+}
+
 impl Scheduler {
-    /// Open a lane for every source in the stream; when a FIFO consumer is
-    /// found (an older limiter, or `fifo` scheduling before), the lanes take
-    /// over from its ack floor and it is deleted afterwards.
+    /// Open a lane for every source in the stream and watch for new ones;
+    /// when a FIFO consumer is found (an older limiter, or `fifo`
+    /// scheduling before), the lanes take over from its ack floor and it is
+    /// deleted afterwards.
     pub async fn start(stream: &JsStream, config: &Config) -> Result<Scheduler, Error> {
+        Self::start_with_listing(stream, config, LISTING_EVERY).await
+    }
+
+    /// [`Scheduler::start`] with the stream's subjects listed every
+    /// `listing_every` (the backstop of the watch).
+    pub async fn start_with_listing(
+        stream: &JsStream,
+        config: &Config,
+        listing_every: Duration,
+    ) -> Result<Scheduler, Error> {
         let now = Instant::now();
+        let token = config.source_token as usize;
+        // Everything up to `last` is in the first listing; the watch
+        // reports sources from the next message on.
+        let last = stream
+            .clone()
+            .info()
+            .await
+            .map_err(|e| Error::Consumer {
+                stream: adspend_common::nats::IMPRESSIONS_STREAM,
+                consumer: "(stream info)".to_string(),
+                source: Box::new(e),
+            })?
+            .state
+            .last_sequence;
+        let initial = lanes::sources(stream, token).await?;
+        let mut listing =
+            tokio::time::interval_at(tokio::time::Instant::now() + listing_every, listing_every);
+        listing.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut scheduler = Scheduler {
             stream: stream.clone(),
             prefix: config.consumer.clone(),
-            token: config.source_token as usize,
+            token,
             max_batch: config.max_batch,
             lag_threshold: Duration::from_millis(config.fair_lag_ms),
             lanes: Vec::new(),
             by_source: HashMap::new(),
             usage: usage::UsageWindow::new(USAGE_WINDOW, now),
             deficits: Deficits::default(),
-            discovery: tokio::time::interval(DISCOVERY_EVERY),
+            watch: watch::Watch::start(
+                stream,
+                &config.consumer,
+                token,
+                last + 1,
+                initial.iter().cloned().collect(),
+            ),
+            seen: Vec::new(),
+            listing,
             published: now,
             intervening: false,
         };
-        scheduler
-            .discovery
-            .set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let takeover = lanes::takeover_from_fifo(stream, &config.consumer).await;
-        scheduler.discover(takeover).await?;
+        for source in initial {
+            scheduler.open(source, takeover, Found::Start).await?;
+        }
         if let Some(start) = takeover {
             lanes::retire_fifo(stream, &config.consumer).await?;
             tracing::info!(
@@ -267,53 +277,89 @@ impl Scheduler {
         Ok(scheduler)
     }
 
-    /// Open lanes for sources not seen before (and reopen ended ones).
-    async fn discover(&mut self, start: Option<u64>) -> Result<(), Error> {
+    /// Open lanes for the sources in the stream that have none (and reopen
+    /// ended ones).
+    async fn list(&mut self) -> Result<(), Error> {
         for source in lanes::sources(&self.stream, self.token).await? {
-            if lanes::filters(&source, self.token).is_empty() {
-                continue;
-            }
-            let index = self.by_source.get(&source).copied();
-            if index.is_some_and(|i| self.lanes[i].messages.is_some()) {
-                continue;
-            }
-            let consumer =
-                lanes::open_lane(&self.stream, &self.prefix, &source, self.token, start).await?;
-            let name = lanes::lane_name(&self.prefix, &source);
-            // A lane buffers about two rounds: a source that is held back
-            // does not sit on much input (its ack wait runs meanwhile).
-            let messages =
-                pull_stream(&consumer, &name, self.max_batch, Some(2 * ROUND_BYTES)).await?;
-            let messages = Some(Feed::new(messages));
-            match index {
-                Some(i) => self.lanes[i].messages = messages,
-                None => {
-                    tracing::info!(source, consumer = name, "new source lane");
-                    self.by_source.insert(source.clone(), self.lanes.len());
-                    self.lanes.push(Lane {
-                        source,
-                        messages,
-                        view: LaneView {
-                            pending: 0,
-                            lag: Duration::ZERO,
-                            usage_share: 0.0,
-                        },
-                        held_back: false,
-                        pending_messages: 0,
-                        messages_total: 0,
-                        bytes_total: 0,
-                    });
+            self.open(source, None, Found::Listing).await?;
+        }
+        Ok(())
+    }
+
+    /// Open the lanes of the sources the watch reported.
+    async fn open_seen(&mut self) {
+        while let Some(source) = self.seen.last().cloned() {
+            match self.open(source, None, Found::Watch).await {
+                Ok(()) => {
+                    self.seen.pop();
                 }
+                Err(e) => {
+                    // The listing finds the source again.
+                    tracing::warn!(error = %e, "opening a new source's lane failed; the next listing retries");
+                    self.seen.clear();
+                }
+            }
+        }
+    }
+
+    /// Open `source`'s lane unless it is open: new, or reopened after it
+    /// ended.
+    async fn open(
+        &mut self,
+        source: String,
+        start: Option<u64>,
+        found: Found,
+    ) -> Result<(), Error> {
+        if lanes::filters(&source, self.token).is_empty() {
+            return Ok(());
+        }
+        let index = self.by_source.get(&source).copied();
+        if index.is_some_and(|i| self.lanes[i].messages.is_some()) {
+            return Ok(());
+        }
+        let consumer =
+            lanes::open_lane(&self.stream, &self.prefix, &source, self.token, start).await?;
+        let name = lanes::lane_name(&self.prefix, &source);
+        // A lane buffers about two rounds: a source that is held back
+        // does not sit on much input (its ack wait runs meanwhile).
+        let messages = pull_stream(&consumer, &name, self.max_batch, Some(2 * ROUND_BYTES)).await?;
+        let messages = Some(Feed::new(messages));
+        match index {
+            Some(i) => self.lanes[i].messages = messages,
+            None => {
+                tracing::info!(
+                    source,
+                    consumer = name,
+                    found = found.as_str(),
+                    "new source lane"
+                );
+                self.by_source.insert(source.clone(), self.lanes.len());
+                self.lanes.push(Lane {
+                    source,
+                    messages,
+                    view: LaneView::default(),
+                    held_back: false,
+                    pending_messages: 0,
+                    messages_total: 0,
+                    bytes_total: 0,
+                });
             }
         }
         Ok(())
     }
 
+    /// Sources with a lane, in the order their lanes were opened.
+    pub fn sources(&self) -> Vec<String> {
+        self.lanes.iter().map(|l| l.source.clone()).collect()
+    }
+
     /// Wait until some lane has a message, then take one round's chunk.
-    /// Cancel-safe: messages are only taken after the last await.
+    /// Cancel-safe: messages are only taken after the last await, and a
+    /// source the watch reported is kept until its lane is open.
     pub async fn next_chunk(&mut self) -> Vec<PullMessage> {
+        self.open_seen().await;
         loop {
-            let ready = {
+            let wake = {
                 let mut waits: Vec<_> = self
                     .lanes
                     .iter_mut()
@@ -327,17 +373,27 @@ impl Scheduler {
                 let any = futures::future::select_all(waits);
                 tokio::select! {
                     biased;
-                    _ = self.discovery.tick() => false,
-                    _ = any => true,
+                    source = self.watch.next() => Wake::Seen(source),
+                    _ = self.listing.tick() => Wake::Listing,
+                    _ = any => Wake::Ready,
                 }
             };
-            if ready {
-                let chunk = self.take_round();
-                if !chunk.is_empty() {
-                    return chunk;
+            match wake {
+                Wake::Ready => {
+                    let chunk = self.take_round();
+                    if !chunk.is_empty() {
+                        return chunk;
+                    }
                 }
-            } else if let Err(e) = self.discover(None).await {
-                tracing::warn!(error = %e, "source discovery failed; retrying");
+                Wake::Seen(source) => {
+                    self.seen.push(source);
+                    self.open_seen().await;
+                }
+                Wake::Listing => {
+                    if let Err(e) = self.list().await {
+                        tracing::warn!(error = %e, "source listing failed; retrying");
+                    }
+                }
             }
         }
     }
@@ -390,7 +446,7 @@ impl Scheduler {
             };
             // Already here: pending on the server does not count what was
             // delivered before, or redelivered.
-            let here = messages.rx.len() as u64;
+            let here = messages.queued() as u64;
             lane.pending_messages = 0;
             match messages.head() {
                 Some(Ok(head)) => {
@@ -420,6 +476,7 @@ impl Scheduler {
             if lane.messages.as_ref().is_some_and(|m| m.closed) {
                 tracing::warn!(source = lane.source, "source lane ended; reopening it");
                 lane.messages = None;
+                self.seen.push(lane.source.clone());
             }
         }
         self.lanes.iter().map(|l| l.view).collect()
