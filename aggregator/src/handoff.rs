@@ -38,7 +38,7 @@ pub struct DirtyState {
     pub entries: FxHashMap<(String, u32), SumEntry>,
     pub seq: u64,
     pub watermark_ms: i64,
-    /// Earliest source publish time among batches not yet pushed.
+    /// Earliest source time (publish or impression `ts`) among batches not yet pushed.
     pub source_ms: Option<i64>,
 }
 

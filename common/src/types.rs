@@ -62,8 +62,10 @@ pub struct SpendTuple {
 /// and a message is about half the size it would be with the ids inline.
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct SpendBatch {
-    /// Earliest JetStream publish time (unix ms) of the impressions in this
-    /// batch, for freshness measurements.
+    /// When the spend of this batch's chunk began (unix ms), for freshness
+    /// and the pacer's lag: the earlier of the chunk's oldest JetStream
+    /// publish time and its oldest impression `ts`, so that spend held back
+    /// before the stream counts as lag (see `adspend_limiter::emit::chunk_source_ms`).
     pub source_ms: i64,
     pub limits: Vec<String>,
     pub tuples: Vec<SpendTuple>,
@@ -137,7 +139,8 @@ pub struct SumsUpdate {
     pub full: bool,
     /// Unix ms up to which the sums are complete (see aggregator docs).
     pub watermark_ms: i64,
-    /// Earliest source publish time among the batches in this push.
+    /// Earliest source time (`SpendBatch::source_ms`: the publish time or
+    /// the impression `ts`, whichever is older) among the batches in this push.
     pub source_ms: i64,
     pub entries: Vec<SumEntry>,
 }

@@ -112,6 +112,22 @@ pub struct Output {
     pub rejected: Vec<(Reason, u64)>,
     /// Impressions costing more go to the dead letters (`cost_too_large`).
     pub max_cost_micros: u64,
+    /// Earliest `ts` (unix ms) of the impressions mapped to spend; `None`
+    /// with none (every line dead-lettered, or no line at all).
+    pub oldest_ts_ms: Option<i64>,
+}
+
+/// When the spend of a chunk began, for the pacer's lag (`source_ms` of its
+/// spend messages): the earlier of its oldest JetStream publish time and its
+/// oldest impression `ts`. Spend held back before the stream (an ad server
+/// buffering, a slow path to NATS, a backlog replayed) has an old `ts` and a
+/// recent publish time, so only the `ts` shows it as lag; a replay of events
+/// days old legitimately shows days of lag. The publish time bounds it the
+/// other way: a `ts` ahead of the publish time (an ad server's clock running
+/// fast) cannot make the lag negative or hide the time the chunk spent in
+/// the stream.
+pub fn chunk_source_ms(oldest_published_ms: i64, oldest_ts_ms: Option<i64>) -> i64 {
+    oldest_ts_ms.map_or(oldest_published_ms, |ts| ts.min(oldest_published_ms))
 }
 
 pub fn partition_of(limit: &str, partitions: u32) -> u32 {
@@ -164,6 +180,10 @@ impl Output {
                 Ok(impression) => match catalog.limits_of_ad(&impression.ad_id) {
                     Some(limits) => {
                         self.impressions += 1;
+                        self.oldest_ts_ms = Some(
+                            self.oldest_ts_ms
+                                .map_or(impression.ts_ms, |t| t.min(impression.ts_ms)),
+                        );
                         for limit in limits {
                             let out =
                                 &mut self.partitions[partition_of(&limit.id, partitions) as usize];
@@ -295,5 +315,96 @@ mod tests {
             o.partitions.iter().map(|p| p.encode(1, 5)).collect()
         };
         assert_eq!(encoded(&again), encoded(&out));
+    }
+    /// The chunk's `source_ms` for lines of the given `ts` values (as JSON
+    /// text), published at `published_ms`.
+    fn source_of(published_ms: i64, ts: &[&str]) -> (i64, Option<i64>) {
+        let payload: String = ts
+            .iter()
+            .enumerate()
+            .map(|(n, ts)| {
+                format!("{{\"id\":\"i{n}\",\"ad_id\":\"ad-1\",\"cost_micros\":1,\"ts\":{ts}}}\n")
+            })
+            .collect();
+        let mut out = Output::new(4);
+        out.add(
+            &Input {
+                stream_seq: 1,
+                payload: payload.as_bytes(),
+            },
+            &catalog(),
+        );
+        (
+            chunk_source_ms(published_ms, out.oldest_ts_ms),
+            out.oldest_ts_ms,
+        )
+    }
+
+    #[test]
+    fn the_oldest_ts_of_a_chunk_is_its_source_time_when_older_than_the_publish() {
+        // Served 10 s and 4 s before the stream took them: the older counts.
+        let published = 1_700_000_010_000;
+        assert_eq!(
+            source_of(published, &["1700000006000", "1700000000000"]),
+            (1_700_000_000_000, Some(1_700_000_000_000))
+        );
+        // A replayed backlog days old shows as days of lag.
+        let days_old = published - 3 * 86_400_000;
+        assert_eq!(source_of(published, &[&days_old.to_string()]).0, days_old);
+    }
+
+    #[test]
+    fn a_ts_ahead_of_the_publish_time_leaves_the_publish_time() {
+        let published = 1_700_000_010_000;
+        // An ad server's clock a little or far ahead: never later than the publish.
+        for ahead in [1, 500, 3_600_000, 10 * 365 * 86_400_000i64] {
+            let ts = (published + ahead).to_string();
+            assert_eq!(
+                source_of(published, &[&ts]).0,
+                published,
+                "ts {ahead} ms ahead"
+            );
+        }
+        // One line ahead, one behind: the one behind counts.
+        assert_eq!(
+            source_of(published, &["1700000020000", "1700000009000"]).0,
+            1_700_000_009_000
+        );
+    }
+
+    #[test]
+    fn lines_without_a_valid_ts_do_not_move_the_source_time() {
+        let published = 1_700_000_010_000;
+        // Missing, negative, fractional, a string: dead-lettered, so only the
+        // publish time (and the valid line, when there is one) counts.
+        let mut out = Output::new(4);
+        out.add(
+            &Input {
+                stream_seq: 1,
+                payload: b"{\"id\":\"a\",\"ad_id\":\"ad-1\",\"cost_micros\":1}\n\
+                           {\"id\":\"b\",\"ad_id\":\"ad-1\",\"cost_micros\":1,\"ts\":-5}\n\
+                           {\"id\":\"c\",\"ad_id\":\"ad-1\",\"cost_micros\":1,\"ts\":1.5}\n\
+                           {\"id\":\"d\",\"ad_id\":\"ad-1\",\"cost_micros\":1,\"ts\":\"1\"}\n",
+            },
+            &catalog(),
+        );
+        assert_eq!(out.impressions, 0);
+        assert_eq!(out.dead_letters.len(), 4);
+        assert_eq!(out.oldest_ts_ms, None);
+        assert_eq!(chunk_source_ms(published, out.oldest_ts_ms), published);
+        // An unknown ad's ts does not count either: it books no spend.
+        out.add(
+            &Input {
+                stream_seq: 2,
+                payload: b"{\"id\":\"e\",\"ad_id\":\"nope\",\"cost_micros\":1,\"ts\":5}\n\
+                           {\"id\":\"f\",\"ad_id\":\"ad-1\",\"cost_micros\":1,\"ts\":1700000008000}\n",
+            },
+            &catalog(),
+        );
+        assert_eq!(out.oldest_ts_ms, Some(1_700_000_008_000));
+        assert_eq!(
+            chunk_source_ms(published, out.oldest_ts_ms),
+            1_700_000_008_000
+        );
     }
 }

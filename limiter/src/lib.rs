@@ -165,7 +165,7 @@ impl Limiter {
         }
         let catalog = self.catalog.borrow().clone();
         let mut out = Output::new(self.partitions).with_max_cost(self.max_cost_micros);
-        let mut source_ms = i64::MAX;
+        let mut published_min = i64::MAX;
         // Impressions read again: JetStream redelivered their message (an
         // ack wait ran out, or a limiter died holding it).
         let mut redelivered = 0;
@@ -178,7 +178,7 @@ impl Limiter {
                 ),
                 Err(_) => (0, now_ms(), 1),
             };
-            source_ms = source_ms.min(published_ms);
+            published_min = published_min.min(published_ms);
             let before = out.impressions;
             out.add(
                 &Input {
@@ -191,6 +191,7 @@ impl Limiter {
                 redelivered += out.impressions - before;
             }
         }
+        let source_ms = emit::chunk_source_ms(published_min, out.oldest_ts_ms);
         let publish = self.publish_output(&out, source_ms);
         tokio::pin!(publish);
         let mut progress =

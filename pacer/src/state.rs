@@ -48,7 +48,8 @@ pub struct ShardState {
     pub push_seq: u64,
     pub seq: u64,
     pub watermark_ms: i64,
-    /// Freshness: arrival time minus the earliest source publish time.
+    /// Freshness: arrival time minus the earliest source time (the JetStream
+    /// publish time or the impression `ts`, whichever is older).
     pub lag_ms: i64,
     /// When the last accepted push (heartbeats included) arrived, unix ms.
     pub updated_ms: i64,
@@ -56,7 +57,7 @@ pub struct ShardState {
     pub reported_stale: bool,
 }
 
-/// Freshness samples (arrival minus source publish time) over a window, and
+/// Freshness samples (arrival minus source time) over a window, and
 /// their p99, recomputed at most once a second as samples arrive: the lag
 /// guard reads it for every limit of every decision, so reading must not sort.
 #[derive(Debug, Default)]

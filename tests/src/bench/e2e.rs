@@ -175,7 +175,7 @@ pub async fn sustained(
     settle(p, &truth, truth.stats.events_acked, started).await
 }
 
-/// Freshness (impression published → its sums in the pacer) at `rate`
+/// Freshness (impression published, or its `ts` if older → its sums in the pacer) at `rate`
 /// events/s for `duration`: quantiles of the pacer's freshness histogram
 /// over exactly that interval.
 pub struct Freshness {
