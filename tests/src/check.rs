@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use crate::sim::{day_key, local_date, Truth};
@@ -25,13 +26,23 @@ pub struct PacerLimit {
 }
 
 #[derive(Deserialize)]
-struct Page {
-    limits: Vec<PacerLimit>,
+struct Page<T> {
+    limits: Vec<T>,
     next: Option<String>,
 }
 
 /// Every limit, following the pages.
 pub async fn fetch_limits(http: &reqwest::Client, base: &str) -> anyhow::Result<Vec<PacerLimit>> {
+    fetch_limit_pages(http, base, None).await
+}
+
+/// Every limit of `GET /v1/limits`, following the pages, read as `T` (the
+/// fields a caller needs), with a bearer `token` when the pacer asks for one.
+pub async fn fetch_limit_pages<T: DeserializeOwned>(
+    http: &reqwest::Client,
+    base: &str,
+    token: Option<&str>,
+) -> anyhow::Result<Vec<T>> {
     let mut all = Vec::new();
     let mut after: Option<String> = None;
     loop {
@@ -40,6 +51,9 @@ pub async fn fetch_limits(http: &reqwest::Client, base: &str) -> anyhow::Result<
             .query(&[("limit", "1000")]);
         if let Some(after) = &after {
             request = request.query(&[("after", after)]);
+        }
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
         }
         let response = request
             .send()
@@ -50,7 +64,7 @@ pub async fn fetch_limits(http: &reqwest::Client, base: &str) -> anyhow::Result<
             "GET {base}/v1/limits: {}",
             response.status()
         );
-        let page: Page = response.json().await.context("decoding /v1/limits")?;
+        let page: Page<T> = response.json().await.context("decoding /v1/limits")?;
         all.extend(page.limits);
         match page.next {
             Some(next) => after = Some(next),

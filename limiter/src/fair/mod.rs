@@ -6,6 +6,8 @@
 //! - `watch`: reports a new source at its first message, so that its lane
 //!   opens at once; the stream's subjects are also listed at the start and
 //!   every [`LISTING_EVERY`].
+//! - `input`: what the limiter's loop reads: the FIFO consumer or the
+//!   scheduler below.
 //! - `feed`: a lane's messages as a round sees them.
 //! - `usage`: each source's usage of the limiter over a sliding window.
 //! - `drr`: one round's decision (victims, offenders, deficit round robin).
@@ -18,6 +20,7 @@
 
 pub mod drr;
 mod feed;
+mod input;
 pub mod lanes;
 pub mod sources;
 pub mod usage;
@@ -29,13 +32,13 @@ use std::time::{Duration, Instant};
 use adspend_common::now_ms;
 use async_nats::jetstream::consumer::pull;
 use async_nats::jetstream::stream::Stream as JsStream;
-use futures::stream::ReadyChunks;
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
 
-use crate::config::{Config, Scheduling};
+use crate::config::Config;
 use crate::{Error, PullMessage};
 use drr::{Deficits, LaneView};
 use feed::Feed;
+pub use input::Input;
 pub use sources::SourceStat;
 
 /// How often the stream's subjects are listed, to find a new source the
@@ -46,86 +49,6 @@ pub const USAGE_WINDOW: Duration = Duration::from_secs(5);
 /// Payload bytes one round takes at most (and `max_batch` messages): short
 /// rounds, so a waiting source is never behind one huge chunk.
 pub const ROUND_BYTES: u64 = 4 * 1024 * 1024;
-
-/// The limiter's input: chunks of messages, each acknowledged by the caller.
-pub enum Input {
-    /// The FIFO consumer's chunks; messages its metadata says a lane
-    /// handled before it took over are acknowledged and left out.
-    Fifo {
-        chunks: Box<ReadyChunks<pull::Stream>>,
-        handled: lanes::Handled,
-        token: usize,
-    },
-    Fair(Box<Scheduler>),
-}
-
-impl Input {
-    pub async fn open(stream: &JsStream, config: &Config) -> Result<Input, Error> {
-        let token = config.source_token as usize;
-        match config.scheduling {
-            Scheduling::Fifo => {
-                let (consumer, handled) = lanes::open_fifo(stream, &config.consumer, token).await?;
-                let messages =
-                    pull_stream(&consumer, &config.consumer, config.max_batch, None).await?;
-                Ok(Input::Fifo {
-                    chunks: Box::new(messages.ready_chunks(config.max_batch as usize)),
-                    handled,
-                    token,
-                })
-            }
-            Scheduling::Fair => Ok(Input::Fair(Box::new(
-                Scheduler::start(stream, config).await?,
-            ))),
-        }
-    }
-
-    /// The next chunk; `None` when the input ended.
-    pub async fn next(&mut self) -> Option<Vec<PullMessage>> {
-        match self {
-            Input::Fifo {
-                chunks,
-                handled,
-                token,
-            } => loop {
-                let mut chunk = chunks.next().await?;
-                if !handled.is_empty() {
-                    let (done, new): (Vec<_>, Vec<_>) = chunk.into_iter().partition(|m| {
-                        m.as_ref()
-                            .is_ok_and(|m| handled_by_lane(m, handled, *token))
-                    });
-                    for message in done.into_iter().flatten() {
-                        // A lost ack only means this check runs again.
-                        let _ = message.ack().await;
-                    }
-                    chunk = new;
-                }
-                if !chunk.is_empty() {
-                    return Some(chunk);
-                }
-            },
-            Input::Fair(scheduler) => Some(scheduler.next_chunk().await),
-        }
-    }
-
-    /// Per source as of now, and whether the last round intervened; `None`
-    /// with FIFO scheduling (one consumer, no sources).
-    pub fn report(&mut self) -> Option<(Vec<SourceStat>, bool)> {
-        match self {
-            Input::Fifo { .. } => None,
-            Input::Fair(scheduler) => Some(scheduler.report()),
-        }
-    }
-}
-
-fn handled_by_lane(
-    message: &async_nats::jetstream::Message,
-    handled: &lanes::Handled,
-    token: usize,
-) -> bool {
-    let source = lanes::source_of(&message.subject, token);
-    let seq = message.info().map_or(0, |i| i.stream_sequence);
-    handled.get(source).is_some_and(|&floor| seq <= floor)
-}
 
 async fn pull_stream(
     consumer: &async_nats::jetstream::consumer::PullConsumer,

@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
@@ -18,12 +17,6 @@ pub struct WatchedLimit {
     pub spend_micros: u64,
     pub exhausted: bool,
     pub overspend_bound_micros: u64,
-}
-
-#[derive(Deserialize)]
-struct Page {
-    limits: Vec<WatchedLimit>,
-    next: Option<String>,
 }
 
 /// What the watch saw of one limit.
@@ -42,31 +35,7 @@ pub async fn fetch(
     base: &str,
     token: Option<&str>,
 ) -> anyhow::Result<Vec<WatchedLimit>> {
-    let mut all = Vec::new();
-    let mut after: Option<String> = None;
-    loop {
-        let mut request = http
-            .get(format!("{base}/v1/limits"))
-            .query(&[("limit", "1000")]);
-        if let Some(after) = &after {
-            request = request.query(&[("after", after)]);
-        }
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        let response = request.send().await.context("GET /v1/limits")?;
-        anyhow::ensure!(
-            response.status().is_success(),
-            "GET /v1/limits: {}",
-            response.status()
-        );
-        let page: Page = response.json().await.context("decoding /v1/limits")?;
-        all.extend(page.limits);
-        match page.next {
-            Some(next) => after = Some(next),
-            None => return Ok(all),
-        }
-    }
+    crate::check::fetch_limit_pages(http, base, token).await
 }
 
 /// Polls every `interval` until `stop` fires; returns what it saw.
