@@ -395,10 +395,18 @@ async fn docker_kill_nats_and_etcd_node() {
     // Quorum holds: every partition checkpoints again past its record.
     let mut advanced: BTreeMap<u32, Duration> = BTreeMap::new();
     while advanced.len() < PARTITIONS as usize {
-        assert!(
-            killed_at.elapsed() < TAKEOVER,
-            "checkpoints stopped after killing {leader}: advanced {advanced:?}"
-        );
+        if killed_at.elapsed() >= TAKEOVER {
+            // What the aggregators said, for the diagnosis.
+            let mut logs = String::new();
+            for aggregator in AGGREGATORS {
+                let tail = cluster
+                    .logs(aggregator, 40)
+                    .await
+                    .unwrap_or_else(|e| format!("{e:#}"));
+                logs.push_str(&format!("---- {aggregator} ----\n{tail}\n"));
+            }
+            panic!("checkpoints stopped after killing {leader}: advanced {advanced:?}\n{logs}");
+        }
         if let Ok(records) = cluster.checkpoints().await {
             for (p, (_, seq)) in &records {
                 let old = records_before.get(p).map_or(0, |r| r.1);
