@@ -118,14 +118,19 @@ impl Checkpointer {
             chain.deltas.len() < self.max_deltas && chain.delta_bytes() < chain.size_bytes
         });
         let result = match extend.cloned() {
+            // A delta that fails puts what it took back, or resets the chain
+            // when it cannot (see `delta`).
             Some(chain) => self.delta(chain).await,
-            None => self.base(marker_seq).await,
+            None => {
+                let result = self.base(marker_seq).await;
+                if result.is_err() {
+                    self.chain = None;
+                }
+                result
+            }
         };
-        match &result {
-            Ok(record) => self.chain = Some(record.clone()),
-            // What was taken from the writer is gone with the failed
-            // attempt: the next checkpoint starts a new base.
-            Err(_) => self.chain = None,
+        if let Ok(record) = &result {
+            self.chain = Some(record.clone());
         }
         result
     }
@@ -136,7 +141,7 @@ impl Checkpointer {
         let id = self.next_id;
         let changes = self.changes.clone();
         let lineage = self.lineage.clone();
-        let (taken, bytes) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
+        let encoded = tokio::task::spawn_blocking(move || -> Result<_, Error> {
             let taken = changes.lock().expect("changes lock").take();
             let mut bytes = Vec::with_capacity(taken.encoded_len_hint());
             taken
@@ -145,10 +150,19 @@ impl Checkpointer {
             Ok((taken, bytes))
         })
         .await
-        .map_err(Error::task("delta encoding"))??;
+        .map_err(Error::task("delta encoding"));
+        let (taken, bytes) = match encoded {
+            Ok(Ok(encoded)) => encoded,
+            Ok(Err(e)) | Err(e) => {
+                // What was taken is gone: the next checkpoint is a base.
+                self.chain = None;
+                return Err(e);
+            }
+        };
         // A base copied while the writer committed stands at or after where
         // its changes were reset; absolute values make that range fine.
         if !(taken.from_seq..=taken.to_seq).contains(&chain.seq) {
+            self.chain = None;
             return Err(Error::SnapshotMismatch {
                 key: format!("{}/{id}", self.shard),
                 reason: format!(
@@ -159,7 +173,6 @@ impl Checkpointer {
         }
         let seq = taken.to_seq;
         let key = format!("{}/{id:020}-{seq:020}-e{}.delta", self.shard, self.epoch);
-        self.check_lease()?;
         tracing::debug!(
             id,
             seq,
@@ -169,6 +182,26 @@ impl Checkpointer {
             size = bytes.len(),
             "checkpoint: delta encoded; uploading"
         );
+        let result = self.upload_and_record(chain, id, seq, key, bytes).await;
+        if result.is_err() {
+            // Nothing was recorded (or, if the record's outcome is unknown,
+            // a record this chain plus the put-back changes still covers):
+            // the next delta carries these changes too, on the same chain.
+            self.changes.lock().expect("changes lock").put_back(taken);
+        }
+        result
+    }
+
+    /// Upload one encoded delta and record it as the next link of `chain`.
+    async fn upload_and_record(
+        &mut self,
+        chain: CheckpointRecord,
+        id: u64,
+        seq: u64,
+        key: String,
+        bytes: Vec<u8>,
+    ) -> Result<CheckpointRecord, Error> {
+        self.check_lease()?;
         let (size_bytes, checksum) = self.snapshots.put(&key, bytes).await?;
         failpoint::hit("aggregator.after_upload");
         self.check_lease()?;

@@ -14,7 +14,12 @@
 //! Restore is base + deltas in order ([`Delta::apply`]), each checked against
 //! its record entry (size, checksum), its lineage and its sequence range.
 //!
-//! Format 1, all integers big-endian:
+//! After a warm start past its record, an aggregator reads the changes since
+//! the record from the store itself ([`Changes::since`]): the first
+//! checkpoint of that life is then a delta too, not a full copy.
+//!
+//! Format 2, all integers big-endian (format 1 is the same without the last
+//! line, and is still read):
 //!
 //! ```text
 //! "ADSPDLTA" u32 version
@@ -24,18 +29,21 @@
 //!                   u32 buckets, each: u32 bucket, u64 micros
 //! u64 log entries added, each: [16] key, u32 ids, ids × [16]
 //! u64 log entries evicted, each: [16] key
+//! u8 has_evicted_below, [[16] key]: every log entry below the key is evicted
 //! ```
 
 use std::io::Write;
+use std::ops::Bound;
 
 use adspend_common::types::{SumEntry, LIFETIME_BUCKET};
 use rustc_hash::FxHashMap;
 
 use crate::error::Error;
-use crate::store::{lifetime_value, sum_key, Store};
+use crate::store::{lifetime_value, parse_lifetime, parse_sum_key, sum_key, Store};
 
 const MAGIC: &[u8; 8] = b"ADSPDLTA";
-pub const FORMAT_VERSION: u32 = 1;
+/// The format written; [`Delta::decode`] reads this one and every earlier.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// The changes of one limit: its lifetime sum and period buckets, as stored.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -64,6 +72,11 @@ pub struct Changes {
     limits: FxHashMap<String, LimitChange>,
     log_added: FxHashMap<[u8; 16], Vec<u8>>,
     log_evicted: Vec<[u8; 16]>,
+    /// Every log entry with a smaller key is evicted. Set only by
+    /// [`Changes::since`], which cannot name the entries evicted since the
+    /// record, but knows they are the ones below the oldest entry left
+    /// (eviction takes whole entries, oldest key first).
+    log_evicted_below: Option<[u8; 16]>,
 }
 
 impl Changes {
@@ -108,6 +121,107 @@ impl Changes {
         self.to_seq = self.to_seq.max(seq);
     }
 
+    /// What a warm store holds that the recorded checkpoint at `record_seq`
+    /// (same lineage, `record_seq` at or below the store's position) does
+    /// not, read from the store: every sum (the store does not say which
+    /// changed since; sums are few next to dedupe ids), the log entries
+    /// whose first sequence is past `record_seq`, and the evictions since as
+    /// the key of the oldest entry left. Applied over the record's state it
+    /// gives the store's state exactly. Costs one pass over the sums and the
+    /// log's keys, less than the writer's own load of the log at start.
+    pub fn since(store: &Store, record_seq: u64) -> Result<Changes, Error> {
+        let txn = store.read_txn()?;
+        let mut changes = Changes::at(record_seq);
+        changes.to_seq = store.last_applied_seq(&txn)?;
+        if changes.to_seq < record_seq {
+            return Err(store.corrupt(
+                format!(
+                    "position {} behind the record's {record_seq}",
+                    changes.to_seq
+                ),
+                &[],
+            ));
+        }
+        for entry in store
+            .lifetime
+            .iter(&txn)
+            .map_err(store.err("iterate lifetime"))?
+        {
+            let (limit, value) = entry.map_err(store.err("iterate lifetime"))?;
+            let lifetime = parse_lifetime(value)
+                .ok_or_else(|| store.corrupt(format!("lifetime of {limit}"), value))?;
+            changes
+                .limits
+                .entry(limit.to_string())
+                .or_default()
+                .lifetime = Some(lifetime);
+        }
+        for entry in store.sums.iter(&txn).map_err(store.err("iterate sums"))? {
+            let (key, micros) = entry.map_err(store.err("iterate sums"))?;
+            let (limit, bucket) =
+                parse_sum_key(key).ok_or_else(|| store.corrupt("sum key".to_string(), key))?;
+            changes
+                .limits
+                .entry(limit.to_string())
+                .or_default()
+                .set_bucket(bucket, micros);
+        }
+        let mut oldest = None;
+        for entry in store
+            .dedupe_log
+            .iter(&txn)
+            .map_err(store.err("iterate dedupe log"))?
+        {
+            let (key, ids) = entry.map_err(store.err("iterate dedupe log"))?;
+            let key: [u8; 16] = key
+                .try_into()
+                .map_err(|_| store.corrupt("dedupe log key".to_string(), key))?;
+            oldest.get_or_insert(key);
+            let first_seq = u64::from_be_bytes(key[8..].try_into().expect("8 bytes"));
+            if first_seq > record_seq {
+                changes.log_added.insert(key, ids.to_vec());
+            }
+        }
+        // An empty log: everything the record held was evicted.
+        changes.log_evicted_below = Some(oldest.unwrap_or([0xff; 16]));
+        Ok(changes)
+    }
+
+    /// Put back what a failed checkpoint took (`older`, taken before
+    /// anything now held): the result covers both, from `older`'s first
+    /// sequence, with the newer value wherever both changed something, so
+    /// the next delta still extends the chain the failed one was to extend.
+    pub fn put_back(&mut self, older: Changes) {
+        for (limit, old) in older.limits {
+            let change = self.limits.entry(limit).or_default();
+            if change.lifetime.is_none() {
+                change.lifetime = old.lifetime;
+            }
+            for (bucket, micros) in old.buckets {
+                if !change.buckets.iter().any(|(b, _)| *b == bucket) {
+                    change.buckets.push((bucket, micros));
+                }
+            }
+        }
+        // An entry added then and evicted since stays out.
+        let evicted_since: rustc_hash::FxHashSet<[u8; 16]> =
+            self.log_evicted.iter().copied().collect();
+        for (key, ids) in older.log_added {
+            if !evicted_since.contains(&key) {
+                self.log_added.entry(key).or_insert(ids);
+            }
+        }
+        let mut evicted = older.log_evicted;
+        evicted.append(&mut self.log_evicted);
+        self.log_evicted = evicted;
+        // Only a warm start sets it, and only on the first changes of a life.
+        if self.log_evicted_below.is_none() {
+            self.log_evicted_below = older.log_evicted_below;
+        }
+        self.from_seq = self.from_seq.min(older.from_seq);
+        self.to_seq = self.to_seq.max(older.to_seq);
+    }
+
     /// Take what accumulated; accumulation starts again from `to_seq`.
     pub fn take(&mut self) -> Changes {
         let next = Changes::at(self.to_seq);
@@ -135,10 +249,10 @@ impl Changes {
             .map(|(limit, change)| 1 + limit.len() + 17 + 4 + 12 * change.buckets.len())
             .sum();
         let log: usize = self.log_added.values().map(|ids| 20 + ids.len()).sum();
-        64 + limits + log + 16 * self.log_evicted.len()
+        64 + limits + log + 16 * self.log_evicted.len() + 17
     }
 
-    /// Encode as format 1, in key order.
+    /// Encode as format 2, in key order.
     pub fn encode(&self, lineage: &str, out: &mut impl Write) -> std::io::Result<()> {
         out.write_all(MAGIC)?;
         out.write_all(&FORMAT_VERSION.to_be_bytes())?;
@@ -181,6 +295,13 @@ impl Changes {
         out.write_all(&(self.log_evicted.len() as u64).to_be_bytes())?;
         for key in &self.log_evicted {
             out.write_all(key)?;
+        }
+        match &self.log_evicted_below {
+            Some(key) => {
+                out.write_all(&[1])?;
+                out.write_all(key)?;
+            }
+            None => out.write_all(&[0])?,
         }
         Ok(())
     }
@@ -246,16 +367,17 @@ impl<'a> Reader<'a> {
 }
 
 impl Delta {
-    /// Decode format 1; any other content is an error saying where it broke.
+    /// Decode format 1 or 2; any other content is an error saying where it
+    /// broke.
     pub fn decode(bytes: &[u8]) -> Result<Delta, String> {
         let mut r = Reader { bytes };
         if r.take(8, "magic")? != MAGIC {
             return Err("not a delta (bad magic)".into());
         }
         let version = r.u32("version")?;
-        if version != FORMAT_VERSION {
+        if !(1..=FORMAT_VERSION).contains(&version) {
             return Err(format!(
-                "delta format {version}; this aggregator reads format {FORMAT_VERSION}"
+                "delta format {version}; this aggregator reads formats 1 to {FORMAT_VERSION}"
             ));
         }
         let len = r.u16("lineage")? as usize;
@@ -311,6 +433,13 @@ impl Delta {
         for _ in 0..evicted {
             changes.log_evicted.push(r.key("eviction")?);
         }
+        if version >= 2 {
+            match r.u8("evicted-below flag")? {
+                0 => {}
+                1 => changes.log_evicted_below = Some(r.key("evicted-below key")?),
+                other => return Err(format!("evicted-below flag {other}")),
+            }
+        }
         if !r.bytes.is_empty() {
             return Err(format!("{} bytes after the end", r.bytes.len()));
         }
@@ -333,6 +462,14 @@ impl Delta {
                     .put(&mut wtxn, sum_key(limit, *bucket).as_slice(), micros)
                     .map_err(store.err("put sum"))?;
             }
+        }
+        // First, so that an entry added since cannot be taken by the range.
+        if let Some(below) = &self.changes.log_evicted_below {
+            let range = (Bound::Unbounded, Bound::Excluded(below.as_slice()));
+            store
+                .dedupe_log
+                .delete_range(&mut wtxn, &range)
+                .map_err(store.err("evict dedupe log"))?;
         }
         for (key, ids) in &self.changes.log_added {
             store

@@ -6,6 +6,8 @@ use std::path::Path;
 use crate::record::CheckpointRecord;
 use crate::snapshot_store::SnapshotStore;
 
+use futures::StreamExt;
+
 use crate::checkpointer::DATA_FILE;
 use crate::delta::Delta;
 use crate::error::Error;
@@ -54,6 +56,9 @@ pub(crate) fn close(store: Store) {
     store.env.prepare_for_closing().wait();
 }
 
+/// Deltas fetched ahead of the one being applied during a restore.
+const DELTA_FETCHES: usize = 4;
+
 /// Check the downloaded base against the record, then bring it to the
 /// record's sequence with the record's deltas, in order, each verified
 /// (size and checksum as recorded, same lineage, a sequence range that
@@ -62,7 +67,6 @@ async fn verify_and_apply_deltas(
     restored: &Store,
     record: &CheckpointRecord,
     snapshots: &SnapshotStore,
-    tmp_dir: &Path,
 ) -> Result<(), Error> {
     let (lineage, mut seq) = restored.position()?;
     let first_needed = record.deltas.first().map_or(record.seq, |d| d.seq);
@@ -80,9 +84,20 @@ async fn verify_and_apply_deltas(
             ),
         });
     }
-    let file = tmp_dir.join("restore-delta");
-    for delta_ref in &record.deltas {
-        let (size, checksum) = snapshots.download(&delta_ref.key, &file).await?;
+    // Fetched into memory, a few ahead of the one being applied (no local
+    // file, no fsync); each applied in a transaction of its own.
+    let mut fetches = futures::stream::iter(record.deltas.clone())
+        .map(|delta_ref| {
+            let snapshots = snapshots.clone();
+            async move {
+                let fetched = snapshots.get(&delta_ref.key).await;
+                (delta_ref, fetched)
+            }
+        })
+        .buffered(DELTA_FETCHES);
+    while let Some((delta_ref, fetched)) = fetches.next().await {
+        let (bytes, checksum) = fetched?;
+        let size = bytes.len() as u64;
         if size != delta_ref.size_bytes || checksum != delta_ref.checksum {
             return Err(adspend_common::Error::SnapshotCorrupt {
                 key: format!("{}/{}", snapshots.url(), delta_ref.key),
@@ -93,7 +108,6 @@ async fn verify_and_apply_deltas(
             }
             .into());
         }
-        let bytes = std::fs::read(&file).map_err(adspend_common::Error::io("read", &file))?;
         let mismatch = |reason: String| Error::SnapshotMismatch {
             key: delta_ref.key.clone(),
             reason,
@@ -115,7 +129,6 @@ async fn verify_and_apply_deltas(
         delta.apply(restored)?;
         seq = to;
     }
-    let _ = std::fs::remove_file(&file);
     if !record.deltas.is_empty() && seq != record.seq {
         return Err(Error::SnapshotMismatch {
             key: record.snapshot_key.clone(),
@@ -184,7 +197,7 @@ pub async fn open_or_restore(
     adspend_common::failpoint::hit("aggregator.during_restore");
     {
         let restored = Store::open(&restore_dir, map_size)?;
-        let result = verify_and_apply_deltas(&restored, record, snapshots, tmp_dir).await;
+        let result = verify_and_apply_deltas(&restored, record, snapshots).await;
         close(restored);
         result?;
     }

@@ -28,7 +28,7 @@ use crate::apply::{self, DedupeLimits};
 use crate::error::Error;
 use crate::fence::Validity;
 use crate::restore::{self, Start};
-use crate::{checkpointer, consume, push};
+use crate::{checkpointer, consume, delta, push};
 
 const INCOMING_QUEUE: usize = 512;
 
@@ -171,6 +171,29 @@ pub async fn run(
     let writer = apply::Writer::new(store.clone(), settings.dedupe, dirty.clone(), checkpoint_tx)?
         .for_shard(&shard, lease.clone());
     let changes = writer.changes();
+    // The next checkpoint extends the recorded chain when the store is of
+    // its lineage: at the record (a cold restore) the writer's changes start
+    // there; past it (a warm start) they start with what the store holds
+    // since the record, read from it. Another lineage starts a new base.
+    let chain = record.clone().filter(|r| r.lineage == lineage);
+    if let Some(r) = chain.as_ref().filter(|r| r.seq < last_applied) {
+        let started = std::time::Instant::now();
+        let store = store.clone();
+        let record_seq = r.seq;
+        let since = tokio::task::spawn_blocking(move || delta::Changes::since(&store, record_seq))
+            .await
+            .map_err(Error::task("changes since the checkpoint"))??;
+        tracing::info!(
+            shard,
+            from_seq = record_seq,
+            to_seq = last_applied,
+            sums = since.sums(),
+            ids = since.ids_added(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "warm start: the next checkpoint is a delta on the recorded chain"
+        );
+        *changes.lock().expect("changes lock") = since;
+    }
     let (overflow_tx, mut overflow_rx) = mpsc::unbounded_channel::<apply::Overflowed>();
     let writer = writer.with_overflow_sink(overflow_tx);
     let (incoming_tx, incoming_rx) = mpsc::channel(INCOMING_QUEUE);
@@ -202,12 +225,6 @@ pub async fn run(
             }
         });
     }
-    // The next checkpoint can extend the recorded chain only from the state
-    // it records: a warm start past it, or any other lineage, starts a new
-    // base.
-    let chain = record
-        .clone()
-        .filter(|r| r.lineage == lineage && r.seq == last_applied);
     {
         // Tuples the writer set aside for overflow, dead lettered; ends when
         // the writer does.

@@ -212,6 +212,22 @@ impl SnapshotStore {
         Ok((size, checksum.finish()))
     }
 
+    /// The whole object `key` in memory, with its checksum: for deltas,
+    /// which are applied from memory, so no local file or fsync.
+    pub async fn get(&self, key: &str) -> Result<(bytes::Bytes, String)> {
+        let bytes = self
+            .store
+            .get(&self.path(key))
+            .await
+            .map_err(self.err("download", key))?
+            .bytes()
+            .await
+            .map_err(self.err("download", key))?;
+        let mut checksum = Checksum::default();
+        checksum.update(&bytes);
+        Ok((bytes, checksum.finish()))
+    }
+
     /// Keys under `dir` (relative to the store prefix), sorted.
     pub async fn list(&self, dir: &str) -> Result<Vec<String>> {
         let base = self.path(dir);

@@ -100,6 +100,20 @@ fn writer(dir: &Path) -> (Writer, Arc<Store>) {
     (writer, store)
 }
 
+/// `groups` write groups of three messages of `tuples` tuples each, their
+/// sequences numbered on from `*seq`, their stream times 1 s apart.
+fn apply(writer: &mut Writer, rng: &mut Rng, seq: &mut u64, groups: usize, tuples: usize) {
+    for _ in 0..groups {
+        let group: Vec<Incoming> = (0..3)
+            .map(|_| {
+                *seq += 1;
+                message(rng, *seq, 1_000 * *seq as i64, tuples)
+            })
+            .collect();
+        writer.apply_group(&group).unwrap();
+    }
+}
+
 /// A base copied after the accumulated changes were reset (with commits in
 /// between, as a checkpoint's copy may see), then deltas through the
 /// writer's changes, encoded and decoded: base + deltas equals the live
@@ -111,21 +125,10 @@ fn base_plus_deltas_rebuilds_the_store_exactly() {
     let changes = writer.changes();
     let mut rng = Rng(0x5eed);
     let mut seq = 0u64;
-    let mut apply = |writer: &mut Writer, rng: &mut Rng, groups: usize| {
-        for _ in 0..groups {
-            let group: Vec<Incoming> = (0..3)
-                .map(|_| {
-                    seq += 1;
-                    message(rng, seq, 1_000 * seq as i64, 50)
-                })
-                .collect();
-            writer.apply_group(&group).unwrap();
-        }
-    };
-    apply(&mut writer, &mut rng, 5);
+    apply(&mut writer, &mut rng, &mut seq, 5, 50);
     // The base: reset, then a commit lands before the copy starts.
     changes.lock().unwrap().take();
-    apply(&mut writer, &mut rng, 1);
+    apply(&mut writer, &mut rng, &mut seq, 1, 50);
     let restored_dir = dir.path().join("restored");
     std::fs::create_dir_all(&restored_dir).unwrap();
     store
@@ -135,7 +138,7 @@ fn base_plus_deltas_rebuilds_the_store_exactly() {
     let restored = Store::open(&restored_dir, 1 << 28).unwrap();
     let mut evicted = 0;
     for link in 0..6 {
-        apply(&mut writer, &mut rng, 2 + link);
+        apply(&mut writer, &mut rng, &mut seq, 2 + link, 50);
         let taken = changes.lock().unwrap().take();
         evicted += taken.log_evicted.len();
         let mut bytes = Vec::new();
@@ -149,6 +152,86 @@ fn base_plus_deltas_rebuilds_the_store_exactly() {
     assert!(evicted > 0, "the chain covered evictions");
     let (_, (_, at)) = dump(&store);
     assert_eq!(at, seq);
+}
+
+/// A warm start past the record: the changes read from the store since the
+/// record's sequence (evictions included, which the store cannot name), then
+/// the writer's own on top, bring a copy taken at the record to the live
+/// store exactly.
+#[test]
+fn changes_since_a_record_rebuild_the_store_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut writer, store) = writer(&dir.path().join("live"));
+    let mut rng = Rng(0xfeed);
+    let mut seq = 0u64;
+    apply(&mut writer, &mut rng, &mut seq, 4, 50);
+    let record_seq = store.position().unwrap().1;
+    let recorded_dir = dir.path().join("recorded");
+    std::fs::create_dir_all(&recorded_dir).unwrap();
+    store
+        .env
+        .copy_to_path(recorded_dir.join("data.mdb"), CompactionOption::Enabled)
+        .unwrap();
+    let recorded = Store::open(&recorded_dir, 1 << 28).unwrap();
+    let (recorded_dump, _) = dump(&recorded);
+    // The aggregator dies past the record; the window moves on meanwhile.
+    apply(&mut writer, &mut rng, &mut seq, 3, 50);
+    drop(writer);
+    let (live_dump, _) = dump(&store);
+    let gone = recorded_dump[2]
+        .keys()
+        .filter(|k| !live_dump[2].contains_key(*k))
+        .count();
+    assert!(gone > 0, "entries of the record were evicted since");
+
+    let since = Changes::since(&store, record_seq).unwrap();
+    assert_eq!(since.from_seq, record_seq);
+    assert_eq!(since.to_seq, store.position().unwrap().1);
+    assert!(since.log_evicted.is_empty());
+    let mut bytes = Vec::new();
+    since.encode("lineage-a", &mut bytes).unwrap();
+    let delta = Delta::decode(&bytes).unwrap();
+    assert_eq!(delta.changes, since);
+    let copy_dir = dir.path().join("copy");
+    std::fs::create_dir_all(&copy_dir).unwrap();
+    recorded
+        .env
+        .copy_to_path(copy_dir.join("data.mdb"), CompactionOption::Enabled)
+        .unwrap();
+    let copy = Store::open(&copy_dir, 1 << 28).unwrap();
+    delta.apply(&copy).unwrap();
+    assert_eq!(dump(&copy), dump(&store), "record + changes since");
+
+    // The next life: its writer's commits accumulate on top of them.
+    let (tx, _rx) = watch::channel((0, 0));
+    let dedupe = DedupeLimits {
+        window_ms: 3_000,
+        max_ids: 2_000,
+    };
+    let mut writer = Writer::new(store.clone(), dedupe, Arc::new(Dirty::new(0)), tx).unwrap();
+    *writer.changes().lock().unwrap() = since;
+    apply(&mut writer, &mut rng, &mut seq, 3, 50);
+    let taken = writer.changes().lock().unwrap().take();
+    let mut bytes = Vec::new();
+    taken.encode("lineage-a", &mut bytes).unwrap();
+    Delta::decode(&bytes).unwrap().apply(&recorded).unwrap();
+    assert_eq!(
+        dump(&recorded),
+        dump(&store),
+        "record + the next life's delta"
+    );
+}
+
+/// Format 1 (before the evicted-below key) is still read.
+#[test]
+fn format_1_is_still_read() {
+    let mut changes = sample();
+    changes.log_evicted_below = None;
+    let mut bytes = Vec::new();
+    changes.encode("l", &mut bytes).unwrap();
+    assert_eq!(bytes.pop(), Some(0), "no evicted-below key");
+    bytes[8..12].copy_from_slice(&1u32.to_be_bytes());
+    assert_eq!(Delta::decode(&bytes).unwrap().changes, changes);
 }
 
 fn sample() -> Changes {
@@ -170,6 +253,7 @@ fn sample() -> Changes {
         &[[0; 16]],
         12,
     );
+    changes.log_evicted_below = Some([3; 16]);
     changes
 }
 
@@ -185,9 +269,9 @@ fn every_truncation_and_foreign_header_is_an_error() {
         );
     }
     let mut newer = bytes.clone();
-    newer[11] = 2;
+    newer[11] = 3;
     let err = Delta::decode(&newer).unwrap_err();
-    assert!(err.contains("delta format 2"), "{err}");
+    assert!(err.contains("delta format 3"), "{err}");
     let mut longer = bytes.clone();
     longer.push(0);
     assert!(Delta::decode(&longer)
@@ -228,6 +312,7 @@ proptest! {
             0..20),
         added in proptest::collection::vec((any::<[u8; 16]>(), 0usize..5), 0..5),
         evicted in proptest::collection::vec(any::<[u8; 16]>(), 0..5),
+        below in proptest::option::of(any::<[u8; 16]>()),
         from in 0u64..1_000, span in 0u64..1_000,
     ) {
         let mut changes = Changes::at(from);
@@ -243,6 +328,7 @@ proptest! {
             changes.log_added.insert(key, vec![key[0]; ids * 16]);
         }
         changes.log_evicted = evicted;
+        changes.log_evicted_below = below;
         let mut bytes = Vec::new();
         changes.encode("lineage", &mut bytes).unwrap();
         let delta = Delta::decode(&bytes).unwrap();
@@ -261,76 +347,4 @@ proptest! {
     }
 }
 
-/// Through the checkpointer and restore as the service runs them: a base,
-/// then deltas, a new base after `max_deltas`, each recorded; GC keeps
-/// whole chains; a cold restore of the record equals the live store.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn checkpoints_then_cold_restore_equal_the_live_store() {
-    use crate::record::CheckpointStore;
-    use crate::snapshot_store::SnapshotStore;
-
-    use crate::checkpointer::Checkpointer;
-
-    let dir = tempfile::tempdir().unwrap();
-    let (mut writer, store) = writer(&dir.path().join("live"));
-    let mut rng = Rng(0xc0ffee);
-    let mut seq = 0u64;
-    let mut apply = |writer: &mut Writer, rng: &mut Rng| {
-        let group: Vec<Incoming> = (0..3)
-            .map(|_| {
-                seq += 1;
-                message(rng, seq, 1_000 * seq as i64, 40)
-            })
-            .collect();
-        writer.apply_group(&group).unwrap();
-    };
-    let snapshots =
-        SnapshotStore::from_url(&format!("file://{}", dir.path().join("objects").display()))
-            .unwrap();
-    let mut records = CheckpointStore::open(&[], dir.path(), "s").await.unwrap();
-    let epoch = records.acquire_epoch().await.unwrap();
-    let mut checkpointer = Checkpointer {
-        store: store.clone(),
-        snapshots: snapshots.clone(),
-        records,
-        shard: "s".into(),
-        epoch,
-        lineage: "lineage-a".into(),
-        next_id: 1,
-        tmp_dir: dir.path().join("tmp"),
-        keep: 1,
-        lease: None,
-        changes: writer.changes(),
-        chain: None,
-        max_deltas: 3,
-    };
-    let mut kinds = Vec::new();
-    for _ in 0..6 {
-        apply(&mut writer, &mut rng);
-        let at = store.position().unwrap().1;
-        let record = checkpointer.checkpoint(at).await.unwrap();
-        assert_eq!(record.seq, at);
-        kinds.push(record.deltas.len());
-    }
-    // A base, three deltas, a new base, a delta.
-    assert_eq!(kinds, vec![0, 1, 2, 3, 0, 1]);
-    let record = checkpointer.chain.clone().unwrap();
-    let objects = snapshots.list("s").await.unwrap();
-    assert_eq!(objects.len(), 6, "two chains kept (keep = 1): {objects:?}");
-
-    let restored_dir = dir.path().join("restored");
-    std::fs::create_dir_all(dir.path().join("rtmp")).unwrap();
-    std::fs::create_dir_all(&restored_dir).unwrap();
-    let (restored, lineage, start) = crate::restore::open_or_restore(
-        &restored_dir.join("lmdb"),
-        &dir.path().join("rtmp"),
-        Some(&record),
-        &snapshots,
-        1 << 28,
-    )
-    .await
-    .unwrap();
-    assert_eq!(start, crate::restore::Start::Cold);
-    assert_eq!(lineage, "lineage-a");
-    assert_eq!(dump(&restored), dump(&store));
-}
+mod chain;

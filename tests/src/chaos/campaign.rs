@@ -50,8 +50,18 @@ impl Campaign {
         };
         match armed {
             Some(spec) => {
-                self.p
-                    .spawn_with(service, port, &[("ADSPEND_FAILPOINTS", spec.as_str())])
+                let mut env = vec![("ADSPEND_FAILPOINTS", spec.as_str())];
+                // These fire only while a full base is copied or uploaded,
+                // which a life otherwise does once per 30 checkpoints (a
+                // start extends the recorded chain): bases every fourth
+                // checkpoint let the third firing come within seconds.
+                if ["aggregator.mid_copy@", "aggregator.mid_upload@"]
+                    .iter()
+                    .any(|point| spec.starts_with(point))
+                {
+                    env.push(("ADSPEND_CHECKPOINT_MAX_DELTAS", "3"));
+                }
+                self.p.spawn_with(service, port, &env)
             }
             None => self.p.spawn_with(service, port, &[]),
         }
