@@ -115,42 +115,76 @@ impl Controller {
 pub struct Guard {
     /// Highest multiplier the lag allows.
     pub cap: f64,
-    /// Most the limit can overspend if the lag stays within the measured p99.
+    /// Most the limit can overspend if the lag stays within the measured
+    /// p99: the spend already in flight beyond the remainder, plus one event.
     pub overspend_bound: u64,
 }
 
-/// `rate_per_ms` is the spend rate observed at `multiplier`; `lag_ms` the
-/// measured p99 freshness lag; `max_cost` the largest single event seen.
+/// What the lag guard knows of one limit.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GuardInput {
+    /// Budget left as far as the visible spend goes, micros.
+    pub remaining: u64,
+    /// Spend rate as it arrives now, micros per ms: served about one lag
+    /// ago, at `served_then`. The cap's estimate (a windowed average).
+    pub rate_per_ms: f64,
+    /// The same on the high side (a recent peak), for the stated bound.
+    pub bound_rate_per_ms: f64,
+    /// The multiplier served one lag ago.
+    pub served_then: f64,
+    /// The integral of the multiplier served over the last lag,
+    /// multiplier-milliseconds: the serving whose spend is in flight.
+    pub served_over_lag: f64,
+    /// The integral of the multiplier served over the longest lag seen
+    /// (at least the last lag): what the stated bound counts as in flight.
+    pub served_over_max_lag: f64,
+    /// The measured p99 freshness lag, ms.
+    pub lag_ms: f64,
+    /// Cost of a typical event, micros: the guard aims to leave half of
+    /// one, so that serving goes on until the remainder cannot pay one
+    /// (exhausted) rather than stalling just above it.
+    pub typical_cost: f64,
+    /// The largest single event seen, micros.
+    pub max_cost: u64,
+}
+
+/// The guard estimates the spend in flight, served within the last lag but
+/// not visible yet, as the rate at multiplier 1 (`rate_per_ms` over
+/// `served_then`) times what was served since (`served_over_lag`), and
+/// caps the multiplier so that the budget left after it, less half a
+/// typical event, is spent no faster than over one more lag. Counting the spend
+/// already in flight is what keeps the guard from overshooting: a cap from
+/// the visible remainder alone keeps serving at the higher multipliers of
+/// one lag ago until their spend shows up, and stops only after it does.
 ///
-/// Spend in flight during the lag is at most `full_rate · cap · lag`; the cap
-/// keeps that within the remaining budget less one event. What can still
-/// exceed the budget is the in-flight spend beyond the remainder (0 while the
-/// cap holds) plus one event that is already committed when the last visible
-/// sum arrives.
-pub fn lag_guard(
-    remaining: u64,
-    rate_per_ms: f64,
-    multiplier: f64,
-    lag_ms: f64,
-    max_cost: u64,
-) -> Guard {
-    let full_rate = if multiplier > 0.05 {
-        rate_per_ms / multiplier
-    } else {
-        rate_per_ms / 0.05
-    };
-    let in_flight_at_full = full_rate * lag_ms.max(0.0);
-    let usable = remaining.saturating_sub(max_cost) as f64;
-    let cap = if in_flight_at_full > 0.0 {
-        (usable / in_flight_at_full).clamp(0.0, 1.0)
-    } else {
+/// What can still exceed the budget is the in-flight spend beyond the
+/// remainder (estimated at `bound_rate_per_ms`, the high side, over the
+/// longest lag seen) plus one event that is already committed when the
+/// last visible sum arrives.
+pub fn lag_guard(input: GuardInput) -> Guard {
+    let full_rate = input.rate_per_ms / input.served_then.max(0.05);
+    let in_flight = full_rate * input.served_over_lag.max(0.0);
+    let next_lag = full_rate * input.lag_ms.max(0.0);
+    let usable = input.remaining as f64 - in_flight - input.typical_cost.max(0.0) / 2.0;
+    let cap = if next_lag > 0.0 {
+        (usable / next_lag).clamp(0.0, 1.0)
+    } else if usable > 0.0 || full_rate == 0.0 {
         1.0
+    } else {
+        0.0
     };
-    let in_flight = in_flight_at_full * multiplier.min(cap);
-    let beyond = (in_flight - remaining as f64).max(0.0).ceil() as u64;
+    // The bound is a promise: it reads the in-flight spend at the high rate.
+    let served_then = input.served_then.max(0.05);
+    let high_rate = input.bound_rate_per_ms.max(input.rate_per_ms) / served_then;
+    let in_flight_high = high_rate
+        * input
+            .served_over_max_lag
+            .max(input.served_over_lag)
+            .max(0.0);
+    let beyond = (in_flight_high - input.remaining as f64).max(0.0).ceil() as u64;
     Guard {
         cap,
-        overspend_bound: beyond.saturating_add(max_cost),
+        overspend_bound: beyond.saturating_add(input.max_cost),
     }
 }
 
@@ -209,15 +243,80 @@ mod tests {
         assert!((pass - 0.9).abs() < 1e-9, "{pass}");
     }
 
+    fn input(remaining: u64, rate: f64, then: f64, over_lag: f64, lag: f64) -> GuardInput {
+        GuardInput {
+            remaining,
+            rate_per_ms: rate,
+            bound_rate_per_ms: rate,
+            served_then: then,
+            served_over_lag: over_lag,
+            served_over_max_lag: over_lag,
+            lag_ms: lag,
+            typical_cost: 2_000.0,
+            max_cost: 1_000,
+        }
+    }
+
     #[test]
-    fn lag_guard_caps_in_flight_spend_to_the_remainder() {
-        // 10 micros/ms at full rate, 10 s of lag: 100_000 in flight at m = 1.
-        let g = lag_guard(50_000, 10.0, 1.0, 10_000.0, 1_000);
+    fn lag_guard_leaves_room_for_the_spend_in_flight() {
+        // 10 micros/ms at full rate, 10 s of lag; nothing served in the last
+        // lag yet: the next lag at full rate (100_000) would overrun.
+        let g = lag_guard(input(50_000, 10.0, 1.0, 0.0, 10_000.0));
         assert!((g.cap - 0.49).abs() < 1e-9, "{g:?}");
         assert_eq!(g.overspend_bound, 1_000);
-        // No lag: no cap.
-        assert_eq!(lag_guard(50_000, 10.0, 1.0, 0.0, 1_000).cap, 1.0);
+        // Served at 0.2 for the last lag: 20_000 in flight leaves 29_000.
+        let g = lag_guard(input(50_000, 2.0, 0.2, 2_000.0, 10_000.0));
+        assert!((g.cap - 0.29).abs() < 1e-9, "{g:?}");
+        // No lag: no cap while anything is usable.
+        assert_eq!(lag_guard(input(50_000, 10.0, 1.0, 0.0, 0.0)).cap, 1.0);
         // Nothing usable left: cap 0.
-        assert_eq!(lag_guard(500, 10.0, 1.0, 1_000.0, 1_000).cap, 0.0);
+        assert_eq!(lag_guard(input(500, 10.0, 1.0, 0.0, 1_000.0)).cap, 0.0);
+        // No rate seen yet: nothing to cap with.
+        assert_eq!(lag_guard(input(500, 0.0, 1.0, 0.0, 1_000.0)).cap, 1.0);
+    }
+
+    #[test]
+    fn the_bound_covers_what_was_served_within_the_lag() {
+        // Seen at 10 micros/ms while served at full rate, for all of a 10 s
+        // lag, with 5_000 left: about 100_000 in flight, 95_000 beyond the
+        // remainder. A bound of one event (what a cap of 0 alone implies)
+        // would be broken by the spend served before the stop.
+        let g = lag_guard(input(5_000, 10.0, 1.0, 10_000.0, 10_000.0));
+        assert_eq!(g.cap, 0.0);
+        assert_eq!(g.overspend_bound, 95_000 + 1_000);
+        // The rate seen was served at 0.5: full rate 20 micros/ms, but only
+        // a quarter of the lag's serving in flight (served at 0.25).
+        let g = lag_guard(input(5_000, 10.0, 0.5, 2_500.0, 10_000.0));
+        assert_eq!(g.overspend_bound, 45_000 + 1_000);
+        // The bound reads the in-flight spend at the high rate; the cap
+        // does not.
+        let high = GuardInput {
+            bound_rate_per_ms: 20.0,
+            ..input(5_000, 10.0, 1.0, 10_000.0, 10_000.0)
+        };
+        assert_eq!(lag_guard(high).overspend_bound, 195_000 + 1_000);
+        let low = GuardInput {
+            bound_rate_per_ms: 20.0,
+            ..input(150_000, 10.0, 1.0, 0.0, 10_000.0)
+        };
+        assert!((lag_guard(low).cap - 1.0).abs() < 1e-9);
+        // Serving within the longest lag seen, beyond the p99, counts too.
+        let longer = GuardInput {
+            served_over_max_lag: 20_000.0,
+            ..input(5_000, 10.0, 1.0, 10_000.0, 10_000.0)
+        };
+        assert_eq!(lag_guard(longer).overspend_bound, 195_000 + 1_000);
+    }
+
+    #[test]
+    fn a_cap_from_a_throttled_rate_does_not_rise_back() {
+        // Full rate 10 micros/ms, 10 s lag, 60_000 left: served at m, the
+        // observed rate is 10·m; the cap must not read that as a lower full
+        // rate (the old guard divided by the controller's 1.0, not by what
+        // was served, and let the cap climb back to 1 once the throttled
+        // spend arrived).
+        let first = lag_guard(input(60_000, 10.0, 1.0, 0.0, 10_000.0)).cap;
+        let throttled = lag_guard(input(60_000, 10.0 * first, first, 0.0, 10_000.0)).cap;
+        assert!((throttled - first).abs() < 1e-9, "{first} -> {throttled}");
     }
 }

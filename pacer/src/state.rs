@@ -31,15 +31,30 @@ pub struct LimitSums {
     pub shard: Option<Arc<str>>,
     /// Smoothed lifetime spend rate, micros per millisecond.
     pub rate_per_ms: f64,
-    /// Recent peak of the spend rate (decays slowly): what the lag guard
-    /// assumes is in flight, since traffic can rise within the lag.
+    /// Recent peak of the spend rate (decays slowly): what the stated
+    /// overspend bound assumes, since traffic can rise within the lag.
     pub peak_rate_per_ms: f64,
+    /// Spend over the last `RATE_WINDOW_MS` or so (exponentially weighted),
+    /// per ms, as of `last_change_ms`: the rate the lag guard caps with. A
+    /// peak of single-push samples reads a burst of two events in 50 ms as
+    /// the rate, several times the real one, and the guard then holds back
+    /// budget for spend that is not in flight.
+    windowed_rate_per_ms: f64,
     last_change_ms: i64,
     pub lifetime_events: u64,
     /// Smoothed cost of one event, micros.
     pub avg_cost: f64,
     /// Largest average event cost seen in one push, micros.
     pub max_cost: u64,
+}
+
+impl LimitSums {
+    /// The windowed spend rate at `now_ms`, micros per ms: it decays while
+    /// no spend arrives.
+    pub fn windowed_rate(&self, now_ms: i64) -> f64 {
+        let quiet = (now_ms - self.last_change_ms).max(0) as f64;
+        self.windowed_rate_per_ms * (-quiet / RATE_WINDOW_MS).exp()
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -64,17 +79,23 @@ pub struct ShardState {
 pub struct LagWindow {
     samples: VecDeque<(i64, i64)>,
     p99_ms: i64,
+    /// The largest sample in the window (raised at once by a larger sample,
+    /// lowered at the recomputation).
+    max_ms: i64,
     /// When `p99_ms` was last computed (unix ms); 0 = never.
     computed_ms: i64,
 }
 
 const LAG_WINDOW_MS: i64 = 300_000;
+/// Time constant of a limit's windowed spend rate.
+pub const RATE_WINDOW_MS: f64 = 2_000.0;
 const LAG_SAMPLES: usize = 10_000;
 const LAG_P99_EVERY_MS: i64 = 1_000;
 
 impl LagWindow {
     pub fn record(&mut self, now_ms: i64, lag_ms: i64) {
         self.samples.push_back((now_ms, lag_ms.max(0)));
+        self.max_ms = self.max_ms.max(lag_ms);
         while self
             .samples
             .front()
@@ -85,6 +106,7 @@ impl LagWindow {
         }
         if self.computed_ms == 0 || now_ms - self.computed_ms >= LAG_P99_EVERY_MS {
             self.p99_ms = self.compute_p99();
+            self.max_ms = self.samples.iter().map(|(_, l)| *l).max().unwrap_or(0);
             self.computed_ms = now_ms;
         }
     }
@@ -93,6 +115,13 @@ impl LagWindow {
     /// of them) as of the last recomputation; 0 with none.
     pub fn p99(&self) -> i64 {
         self.p99_ms
+    }
+
+    /// The largest sample of the window; 0 with none. The stated overspend
+    /// bound reads spend as in flight for this long: a bound read over the
+    /// p99 is broken by the 1% of spend that arrives later.
+    pub fn max(&self) -> i64 {
+        self.max_ms
     }
 
     fn compute_p99(&self) -> i64 {
@@ -121,6 +150,8 @@ pub struct Pacing {
     /// Period bucket the controller is running for; a new period resets it.
     pub bucket: u32,
     pub history: Vec<Point>,
+    /// The multipliers served, for the lag guard's in-flight estimate.
+    pub served: crate::pacing::Served,
 }
 
 /// How long a shard may go without an accepted push before its limits are
@@ -233,6 +264,9 @@ impl SpendState {
                     sums.peak_rate_per_ms = sample
                         .max(sums.peak_rate_per_ms * 0.98)
                         .max(sums.rate_per_ms);
+                    let decay = (-elapsed / RATE_WINDOW_MS).exp();
+                    sums.windowed_rate_per_ms =
+                        sums.windowed_rate_per_ms * decay + delta / RATE_WINDOW_MS;
                 }
                 sums.last_change_ms = now_ms;
             }
@@ -372,9 +406,11 @@ mod tests {
         assert_eq!(window.p99(), 1, "recomputed at most once a second");
         window.record(2_000, 0);
         assert_eq!(window.p99(), 99);
+        assert_eq!(window.max(), 100);
         // Samples older than five minutes leave the window.
         window.record(2_000 + LAG_WINDOW_MS + 1_000, 5);
         assert_eq!(window.p99(), 5);
+        assert_eq!(window.max(), 5);
     }
 
     #[test]
@@ -406,6 +442,31 @@ mod tests {
         assert_eq!(state.apply(&update(2, 2, 1, 10), 7_600), Applied::Ok);
         assert_eq!(state.apply(&update(1, 3, 3, 10), 9_000), Applied::Stale);
         assert!(state.limit_stale(Some(&a), 8_601));
+    }
+
+    #[test]
+    fn the_windowed_rate_reads_bursts_as_their_average() {
+        let mut state = SpendState::default();
+        // 1_000 micros every 500 ms (2 micros/ms), pushed as a burst of
+        // two events 50 ms apart every second.
+        let mut lifetime = 0;
+        for second in 0..30 {
+            for at in [0, 50] {
+                lifetime += 1_000;
+                let mut u = update(1, lifetime, lifetime / 1_000, lifetime);
+                u.entries[0].lifetime_events = lifetime / 1_000;
+                state.apply(&u, 1_000 + second * 1_000 + at);
+            }
+        }
+        let a = &state.limits["a"];
+        let now = 1_000 + 29 * 1_000 + 50;
+        let windowed = a.windowed_rate(now);
+        assert!((1.5..=3.0).contains(&windowed), "{windowed}");
+        // The peak of single pushes reads the burst: 20 micros/ms.
+        assert!(a.peak_rate_per_ms > 10.0, "{}", a.peak_rate_per_ms);
+        // Quiet for two windows: the rate decays.
+        let later = a.windowed_rate(now + 2 * RATE_WINDOW_MS as i64);
+        assert!(later < windowed / 5.0, "{later}");
     }
 
     #[test]

@@ -6,23 +6,30 @@
 //! - `verdict`: the numbers of one limit, and the bidder's decision for an
 //!   ad from the verdicts of every limit above it.
 //! - `view`: a verdict as the limits API serves it.
-//! - `tick`: the controllers' clock and the dashboard's history.
+//! - `tick`: the controllers' clock, the dashboard's history, and the
+//!   multipliers served (`served`) that the lag guard reads back.
 //!
 //! - Plan: the budget spread over the period following the learned traffic
 //!   shape (blended with uniform), [`crate::shape`].
 //! - Multiplier: the controller's output ([`crate::controller`]), capped by
-//!   the lag guard; 0 when exhausted or stale.
+//!   the lag guard (which counts the spend served within the last lag as in
+//!   flight); 0 when exhausted or stale.
 //! - Exhausted: the remainder cannot pay for one more typical event.
 //! - Stale: the limit's shard has not pushed (not even a heartbeat) for the
 //!   stale threshold; not servable ([`crate::state::SpendState::limit_stale`]).
 
+mod served;
 mod tick;
 mod verdict;
 mod view;
 
+pub use served::Served;
 pub use tick::{stale_limits, tick};
 pub use verdict::{decide, verdict, Decision, Verdict};
 pub use view::{view, LimitView, PacingView};
+
+#[cfg(test)]
+mod loop_tests;
 
 #[cfg(test)]
 pub(crate) mod test_support {

@@ -1,4 +1,5 @@
-//! The periodic tick: advances every daily limit's controller and records
+//! The periodic tick: advances every daily limit's controller, records the
+//! multiplier each limit with spend is served at (for the lag guard), and
 //! the history points the dashboard charts.
 
 use adspend_common::catalog::Catalog;
@@ -54,9 +55,6 @@ pub fn tick(
             .get(&*limit.id)
             .is_some_and(|p| !p.history.is_empty());
         let record = record && (has_history || with_history < HISTORY_LIMITS);
-        if observation.is_none() && !record {
-            continue;
-        }
         let pacing = state
             .pacing
             .entry(limit.id.clone())
@@ -82,12 +80,14 @@ pub fn tick(
             }
             (None, _) => {}
         }
+        // The multiplier the API serves (guard and exhaustion included),
+        // until the next tick: the lag guard reads it back one lag later.
+        let multiplier = verdict(limit, state, now).multiplier;
+        let Some(pacing) = state.pacing.get_mut(&*limit.id) else {
+            continue;
+        };
+        pacing.served.record(now_ms, multiplier);
         if record {
-            // The multiplier the API serves (guard and exhaustion included).
-            let multiplier = verdict(limit, state, now).multiplier;
-            let Some(pacing) = state.pacing.get_mut(&*limit.id) else {
-                continue;
-            };
             if pacing.history.len() >= HISTORY_POINTS {
                 let mut keep = false;
                 pacing.history.retain(|_| {

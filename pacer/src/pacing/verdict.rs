@@ -5,8 +5,8 @@ use adspend_common::catalog::{Catalog, Limit, Period};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::controller::{lag_guard, Algorithm};
-use crate::state::{LimitSums, SpendState};
+use crate::controller::{lag_guard, Algorithm, GuardInput};
+use crate::state::{LimitSums, SpendState, RATE_WINDOW_MS};
 
 /// Fraction of the period elapsed at `now` and the period's length in ms
 /// (None for lifetime limits).
@@ -65,13 +65,14 @@ pub fn verdict(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> Verdict
     let staleness_ms = watermark_ms.map_or(0, |w| (now.timestamp_millis() - w).max(0));
     // The guard plans for the worse of the measured p99 and the current staleness.
     let lag_ms = state.lag.p99().max(staleness_ms);
-    let controlled = match (limit.period, state.pacing.get(&*limit.id)) {
+    let pacing = state.pacing.get(&*limit.id);
+    let controlled = match (limit.period, pacing) {
         (Period::Daily, Some(p)) if p.bucket == limit.bucket_of(now.timestamp_millis()) => {
             p.controller.multiplier
         }
         _ => 1.0,
     };
-    // In flight: the recent peak rate, raised by how much the traffic shape
+    // Arriving: the recent peak rate, raised by how much the traffic shape
     // expects it to grow within the lag.
     let growth = match elapsed_fraction(limit, now) {
         Some((f, length)) => {
@@ -80,9 +81,41 @@ pub fn verdict(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> Verdict
         }
         None => 1.0,
     };
-    let rate = sums.map_or(0.0, |s| s.peak_rate_per_ms.max(s.rate_per_ms)) * growth;
+    let now_ms = now.timestamp_millis();
+    let rate = sums.map_or(0.0, |s| s.windowed_rate(now_ms)) * growth;
+    let peak_rate = sums.map_or(0.0, |s| s.peak_rate_per_ms.max(s.rate_per_ms)) * growth;
     let max_cost = sums.map_or(0, |s| s.max_cost.max(s.avg_cost.ceil() as u64));
-    let guard = lag_guard(remaining, rate, controlled, lag_ms as f64, max_cost);
+    // Before the tick has recorded anything for the limit, it was served
+    // at the controller's multiplier: with no spend seen, the guard had
+    // nothing to cap it with. The rate arriving now was served over the
+    // rate's window, one lag ago.
+    let window = RATE_WINDOW_MS as i64;
+    let max_lag_ms = state.lag.max().max(lag_ms);
+    let (served_then, served_over_lag, served_over_max_lag) = match pacing {
+        Some(p) => (
+            p.served
+                .integral(now_ms - lag_ms - window, now_ms - lag_ms, controlled)
+                / RATE_WINDOW_MS,
+            p.served.integral(now_ms - lag_ms, now_ms, controlled),
+            p.served.integral(now_ms - max_lag_ms, now_ms, controlled),
+        ),
+        None => (
+            controlled,
+            controlled * lag_ms as f64,
+            controlled * max_lag_ms as f64,
+        ),
+    };
+    let guard = lag_guard(GuardInput {
+        remaining,
+        rate_per_ms: rate,
+        bound_rate_per_ms: peak_rate,
+        served_then,
+        served_over_lag,
+        served_over_max_lag,
+        lag_ms: lag_ms as f64,
+        typical_cost: typical,
+        max_cost,
+    });
     Verdict {
         spend,
         remaining,
@@ -150,6 +183,14 @@ pub fn decide(
             stale |= v.stale;
             multiplier = multiplier.min(v.multiplier);
             cursor = limit.parent.as_deref().and_then(|p| catalog.limit(p));
+        }
+    }
+    if servable {
+        // What the lag guard counts as served under each of these limits.
+        for id in &seen {
+            if let Some(pacing) = state.pacing.get(*id) {
+                pacing.served.note(multiplier);
+            }
         }
     }
     Decision {

@@ -131,6 +131,7 @@ async fn one_run(
         stop.clone(),
     );
     let client = p.client().await;
+    let loop_start = std::time::Instant::now();
     let label = format!("{algorithm}, delay {}s", delay.as_secs_f64());
     let outcome = run_closed_loop(&client, &config, catalog, CancellationToken::new(), |pr| {
         println!("bench: pacing {label}: {}", sim::cli::loop_line(pr));
@@ -186,6 +187,20 @@ async fn one_run(
         let bound = seen.get(id).and_then(|s| s.bound_at_stop).unwrap_or(0);
         result.over_budget += usize::from(over > 0);
         result.within_bound += usize::from(over <= bound);
+        if over > bound {
+            // Each break, for diagnosis: when the watch first saw the limit
+            // exhausted (seconds into the loop) and what it was told then.
+            let at = seen
+                .get(id)
+                .and_then(|s| s.seen_exhausted)
+                .map(|t| t.saturating_duration_since(loop_start).as_secs_f64());
+            println!(
+                "bench: pacing {label}: {id} broke its bound: budget {}, spend {spend}, \
+                 over {over}, bound at stop {bound}, largest bound {}, seen exhausted at {at:.1?} s",
+                limit.budget_micros,
+                seen.get(id).map_or(0, |s| s.max_bound),
+            );
+        }
         result.over_pct.push(over as f64 / budget * 100.0);
         if demand.get(id.as_str()).copied().unwrap_or(0.0) >= budget {
             let under = limit.budget_micros.saturating_sub(spend);
