@@ -20,15 +20,27 @@ use crate::error::Error;
 const INTEGRITY_CHECK: Duration = Duration::from_secs(2);
 /// No message for this long while the stream holds unread ones: recreate.
 const STALL: Duration = Duration::from_secs(2);
+/// How long a stream state below the applied sequence must last before the
+/// log counts as gone backwards.
+const BACKWARDS_CONFIRM: Duration = Duration::from_secs(5);
 
 /// Refuse to go on where replay would silently skip or double count.
 /// Returns the stream's last sequence.
 pub async fn check_bounds(stream: &mut Stream, last_applied: u64) -> Result<u64, Error> {
-    let info = stream
-        .info()
-        .await
-        .map_err(Error::consumer("stream info"))?;
-    let (first_seq, last_seq) = (info.state.first_sequence, info.state.last_sequence);
+    let (mut first_seq, mut last_seq) = bounds(stream).await?;
+    // A JetStream cluster's stream leader that was just elected can answer
+    // from a store still applying entries it has committed: a view below
+    // what was already delivered. Only a shortfall that lasts is real.
+    let confirm_until = Instant::now() + BACKWARDS_CONFIRM;
+    while last_seq < last_applied && Instant::now() < confirm_until {
+        tracing::warn!(
+            last_seq,
+            last_applied,
+            "SPEND reports less than was applied; reading its state again before stopping"
+        );
+        tokio::time::sleep(BACKWARDS_CONFIRM / 10).await;
+        (first_seq, last_seq) = bounds(stream).await?;
+    }
     let needed = last_applied + 1;
     if last_seq < last_applied {
         metrics::counter!(STREAM_INTEGRITY_ERRORS_TOTAL, "kind" => "log_backwards").increment(1);
@@ -59,6 +71,14 @@ pub async fn check_bounds(stream: &mut Stream, last_applied: u64) -> Result<u64,
         });
     }
     Ok(last_seq)
+}
+
+async fn bounds(stream: &mut Stream) -> Result<(u64, u64), Error> {
+    let info = stream
+        .info()
+        .await
+        .map_err(Error::consumer("stream info"))?;
+    Ok((info.state.first_sequence, info.state.last_sequence))
 }
 
 pub struct Consumer {
