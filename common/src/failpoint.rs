@@ -3,7 +3,9 @@
 //! Built only with the `failpoints` feature. A test arms points with
 //! `ADSPEND_FAILPOINTS=name[,name...]` (optionally `name@N` to fire on the
 //! N-th hit); the process prints `FAILPOINT FIRED: name` to stderr and aborts,
-//! exactly like a crash at that line.
+//! exactly like a crash at that line. `name~MS` (or `name@N~MS`) stalls the
+//! thread for MS milliseconds instead, as a stopped VM or a long pause
+//! would, prints `FAILPOINT STALLED: name` and goes on.
 
 #[cfg(feature = "failpoints")]
 mod armed {
@@ -11,30 +13,74 @@ mod armed {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
 
-    fn points() -> &'static HashMap<String, (u64, AtomicU64)> {
-        static POINTS: OnceLock<HashMap<String, (u64, AtomicU64)>> = OnceLock::new();
+    use std::time::Duration;
+
+    struct Point {
+        fire_at: u64,
+        /// Stall this long instead of aborting.
+        stall: Option<Duration>,
+        hits: AtomicU64,
+    }
+
+    /// `name[@N][~MS]`
+    fn parse(spec: &str) -> (String, Point) {
+        let (rest, stall) = match spec.split_once('~') {
+            Some((rest, ms)) => (rest, ms.parse().ok().map(Duration::from_millis)),
+            None => (spec, None),
+        };
+        let (name, fire_at) = match rest.split_once('@') {
+            Some((name, n)) => (name, n.parse().unwrap_or(1)),
+            None => (rest, 1),
+        };
+        let point = Point {
+            fire_at,
+            stall,
+            hits: AtomicU64::new(0),
+        };
+        (name.to_string(), point)
+    }
+
+    fn points() -> &'static HashMap<String, Point> {
+        static POINTS: OnceLock<HashMap<String, Point>> = OnceLock::new();
         POINTS.get_or_init(|| {
             let spec = std::env::var("ADSPEND_FAILPOINTS").unwrap_or_default();
             spec.split(',')
                 .filter(|s| !s.is_empty())
-                .map(|s| match s.split_once('@') {
-                    Some((name, n)) => (
-                        name.to_string(),
-                        (n.parse().unwrap_or(1), AtomicU64::new(0)),
-                    ),
-                    None => (s.to_string(), (1, AtomicU64::new(0))),
-                })
+                .map(parse)
                 .collect()
         })
     }
 
     pub fn hit(name: &str, damage: impl FnOnce()) {
-        if let Some((fire_at, hits)) = points().get(name) {
-            if hits.fetch_add(1, Ordering::SeqCst) + 1 == *fire_at {
+        if let Some(point) = points().get(name) {
+            if point.hits.fetch_add(1, Ordering::SeqCst) + 1 == point.fire_at {
+                if let Some(stall) = point.stall {
+                    eprintln!("FAILPOINT STALLED: {name} for {} ms", stall.as_millis());
+                    std::thread::sleep(stall);
+                    return;
+                }
                 damage();
                 eprintln!("FAILPOINT FIRED: {name}");
                 std::process::abort();
             }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn specs_parse_with_and_without_count_and_stall() {
+            let (name, p) = parse("aggregator.before_join@2~3000");
+            assert_eq!(name, "aggregator.before_join");
+            assert_eq!((p.fire_at, p.stall), (2, Some(Duration::from_secs(3))));
+            let (name, p) = parse("aggregator.after_commit");
+            assert_eq!(name, "aggregator.after_commit");
+            assert_eq!((p.fire_at, p.stall), (1, None));
+            let (name, p) = parse("x~250");
+            assert_eq!(name, "x");
+            assert_eq!((p.fire_at, p.stall), (1, Some(Duration::from_millis(250))));
         }
     }
 }

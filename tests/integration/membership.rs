@@ -30,19 +30,21 @@ struct Member {
 }
 
 fn spawn_member(p: &Pipeline, id: &'static str) -> Member {
+    spawn_member_with(p, id, &[])
+}
+
+fn spawn_member_with(p: &Pipeline, id: &'static str, extra: &[(&str, &str)]) -> Member {
     let port = free_port();
     let data_dir: PathBuf = p.dir.path().join(id);
     let data_dir = data_dir.display().to_string();
-    let process = p.spawn_with(
-        "aggregator",
-        port,
-        &[
-            ("ADSPEND_AGGREGATOR_PARTITIONS", "auto"),
-            ("ADSPEND_AGGREGATOR_ID", id),
-            ("ADSPEND_LEASE_TTL_MS", TTL_MS),
-            ("ADSPEND_DATA_DIR", &data_dir),
-        ],
-    );
+    let mut env = vec![
+        ("ADSPEND_AGGREGATOR_PARTITIONS", "auto"),
+        ("ADSPEND_AGGREGATOR_ID", id),
+        ("ADSPEND_LEASE_TTL_MS", TTL_MS),
+        ("ADSPEND_DATA_DIR", &data_dir),
+    ];
+    env.extend_from_slice(extra);
+    let process = p.spawn_with("aggregator", port, &env);
     Member { process, port, id }
 }
 
@@ -293,4 +295,36 @@ async fn paused_member_past_its_lease_records_nothing_and_moves_no_value_back() 
         "membership::paused: {:.1}s",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// etcd stalling past a fresh lease's TTL between the grant and the member
+/// key's put answers "lease not found" (seen in a loaded CI run, where the
+/// aggregator then exited): the member must grant a new lease and join.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_lapses_before_the_join_is_replaced_not_fatal() {
+    let p = start_pipeline().await;
+    // TTL_MS is 2000: the first join stalls past it.
+    let mut a = spawn_member_with(
+        &p,
+        "agg-a",
+        &[("ADSPEND_FAILPOINTS", "aggregator.before_join~3500")],
+    );
+    a.process
+        .wait_for_log(
+            "FAILPOINT STALLED: aggregator.before_join",
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("the first join stalls");
+    a.process
+        .wait_for_log(
+            "rejoining the cluster failed; retrying",
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("the put under the lapsed lease fails and the member retries");
+    wait_owned(&[(&a, PARTITIONS)], Duration::from_secs(30)).await;
+    assert!(a.process.is_running(), "the member is still running");
+    let truth = p.publish(&sim_config(2_000, 21)).await;
+    settle_exact(&p, &truth).await;
 }

@@ -215,6 +215,7 @@ impl Member {
             "joined_ms": adspend_common::now_ms(),
         })
         .to_string();
+        adspend_common::failpoint::hit("aggregator.before_join");
         etcd.put(
             key.as_str(),
             value,

@@ -120,7 +120,22 @@ pub async fn run(
         };
         first = false;
         let member = Member::new(context.clone(), lease);
-        match member.serve(shutdown.clone()).await? {
+        let served = match member.serve(shutdown.clone()).await {
+            Ok(served) => served,
+            // An etcd that stalls past the new lease's TTL between the grant
+            // and the member key's put answers "lease not found": as any
+            // outage, that is a reason to rejoin with a fresh lease, not to
+            // stop the aggregator.
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(member = context.id, error = %e, "rejoining the cluster failed; retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(REJOIN_BACKOFF) => continue,
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        match served {
             Served::Shutdown => {
                 tracing::info!(member = context.id, "left the cluster");
                 return Ok(());
