@@ -8,9 +8,9 @@ use adspend_tests::pipeline::Backends;
 
 async fn campaign(config: CampaignConfig) {
     let seed = config.seed;
-    let report = chaos::run(config, |index, fault, ms| {
+    let report = chaos::run(config, |index, fault, times| {
         eprintln!(
-            "chaos seed {seed}: round {index}: {} ok ({ms} ms)",
+            "chaos seed {seed}: round {index}: {} ok ({times})",
             fault.name()
         );
     })

@@ -54,9 +54,9 @@ async fn main() -> ExitCode {
         ..CampaignConfig::default()
     };
     let rounds = config.rounds;
-    let result = chaos::run(config, |index, fault, ms| {
+    let result = chaos::run(config, |index, fault, times| {
         eprintln!(
-            "adchaos: round {}/{rounds}: {} ok ({ms} ms)",
+            "adchaos: round {}/{rounds}: {} ok ({times})",
             index + 1,
             fault.name()
         );

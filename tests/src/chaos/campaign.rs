@@ -11,7 +11,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio_util::sync::CancellationToken;
 
-use super::{aggregator_totals, all_faults, CampaignConfig, Fault, Report};
+use super::{aggregator_totals, all_faults, CampaignConfig, Fault, Report, RoundTimes};
 use crate::check::{fetch_limits, Comparison};
 use crate::harness::{free_port, wait_until_ok, ServiceProcess};
 use crate::limiter_progress::limiter_acked_through;
@@ -291,7 +291,10 @@ impl Campaign {
         })
     }
 
-    async fn round(&mut self, index: usize, fault: Fault) -> anyhow::Result<()> {
+    async fn round(&mut self, index: usize, fault: Fault) -> anyhow::Result<RoundTimes> {
+        let started = Instant::now();
+        let ms = |since: Instant| since.elapsed().as_millis() as u64;
+        let mut times = RoundTimes::default();
         let config = SimConfig {
             events: Some(self.events),
             rate: self.rate,
@@ -316,10 +319,13 @@ impl Campaign {
             self.rng.random_range(200..(window_ms * 6 / 10).max(300)),
         ))
         .await;
+        times.before = ms(started);
+        let injecting = Instant::now();
         let (target, restarted) = self
             .inject(fault)
             .await
             .with_context(|| format!("injecting {}", fault.name()))?;
+        times.inject = restarted.saturating_duration_since(injecting).as_millis() as u64;
         *self.report.faults.entry(fault.name()).or_default() += 1;
         let recovered = wait_until_ok(
             Duration::from_secs(120),
@@ -334,8 +340,12 @@ impl Campaign {
         self.report
             .recovery_ms
             .push((fault.name(), recovered.as_millis() as u64));
+        times.recover = recovered.as_millis() as u64;
 
+        let waiting = Instant::now();
         let round_truth = publisher.await.context("publisher task")??;
+        times.publisher = ms(waiting);
+        let reading = Instant::now();
         let stats = &round_truth.stats;
         self.report.events_attempted += stats.events_sent;
         self.report.events_acknowledged += stats.events_acked;
@@ -351,7 +361,10 @@ impl Campaign {
         } else {
             self.truth.clone()
         };
+        times.truth = ms(reading);
+        let settling = Instant::now();
         let comparison = self.p.settle(&truth, Duration::from_secs(120)).await;
+        times.settle = ms(settling);
         if !comparison.mismatches().is_empty() {
             bail!(
                 "round {index} ({}), seed {}: pacer differs from the truth:\n{}",
@@ -360,7 +373,8 @@ impl Campaign {
                 comparison.render(10)
             );
         }
-        Ok(())
+        times.total = ms(started);
+        Ok(times)
     }
 }
 
@@ -377,10 +391,11 @@ enum Recovery {
     Checkpoint(u64),
 }
 
-/// Run a campaign; `on_round` sees each finished round's index and fault.
+/// Run a campaign; `on_round` sees each finished round's index, fault and
+/// where its time went.
 pub async fn run(
     config: CampaignConfig,
-    mut on_round: impl FnMut(usize, Fault, u64),
+    mut on_round: impl FnMut(usize, Fault, RoundTimes),
 ) -> anyhow::Result<Report> {
     let mut p = Pipeline::start(config.backends, config.ads).await;
     let ports = Ports {
@@ -419,12 +434,12 @@ pub async fn run(
         } else {
             usable[campaign.rng.random_range(0..usable.len())]
         };
-        let started = Instant::now();
-        if let Err(e) = campaign.round(index, fault).await {
-            return Err(e.context(campaign.logs()));
-        }
+        let times = match campaign.round(index, fault).await {
+            Ok(times) => times,
+            Err(e) => return Err(e.context(campaign.logs())),
+        };
         campaign.report.rounds += 1;
-        on_round(index, fault, started.elapsed().as_millis() as u64);
+        on_round(index, fault, times);
     }
     finish(&mut campaign).await?;
     Ok(campaign.report)

@@ -46,6 +46,37 @@ impl Fault {
     }
 }
 
+/// Where one round's time went, in milliseconds: the wait before the
+/// fault, injecting it (stops, a failure point's life until it fires, kills),
+/// the victim's recovery after its restart, the rest of the publisher's
+/// run, reading the truth back from the stream, and settling to it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RoundTimes {
+    pub total: u64,
+    pub before: u64,
+    pub inject: u64,
+    pub recover: u64,
+    pub publisher: u64,
+    pub truth: u64,
+    pub settle: u64,
+}
+
+impl std::fmt::Display for RoundTimes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ms: before {} inject {} recover {} publisher {} truth {} settle {}",
+            self.total,
+            self.before,
+            self.inject,
+            self.recover,
+            self.publisher,
+            self.truth,
+            self.settle
+        )
+    }
+}
+
 /// Every failure point the services define.
 pub const POINTS: [&str; 8] = [
     "aggregator.before_commit",
