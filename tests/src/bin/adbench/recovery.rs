@@ -19,8 +19,8 @@ pub(crate) async fn recover(args: &Args, table: &mut Table) -> anyhow::Result<()
         "s",
         samples(result.warm_secs),
         Some(Target {
-            text: "<= 2",
-            bound: 2.0,
+            text: "<= 1",
+            bound: 1.0,
             higher: false,
         }),
         note.clone(),
@@ -30,8 +30,8 @@ pub(crate) async fn recover(args: &Args, table: &mut Table) -> anyhow::Result<()
         "s",
         samples(result.cold_secs),
         Some(Target {
-            text: "<= 10",
-            bound: 10.0,
+            text: "<= 5",
+            bound: 5.0,
             higher: false,
         }),
         note,
