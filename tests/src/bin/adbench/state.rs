@@ -84,6 +84,30 @@ pub(crate) async fn checkpoint(args: &Args, table: &mut Table) -> anyhow::Result
         number(writer.dedupe_ids() as f64),
         number(built.tuples_per_sec)
     );
+    // What every aggregator start pays before it applies: the dedupe
+    // window read from LMDB into memory.
+    let mut load_ms = Samples::default();
+    for run in 0..args.runs {
+        let started = std::time::Instant::now();
+        let ids = adspend_aggregator::dedupe::load(&store)?;
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        println!(
+            "bench:   dedupe window load {run}: {} ids in {ms:.0} ms ({:.0} ns/id)",
+            number(ids.len() as f64),
+            ms * 1e6 / ids.len().max(1) as f64
+        );
+        load_ms.push(ms);
+    }
+    table.add(
+        "dedupe window load (every aggregator start)",
+        "ms",
+        load_ms,
+        None,
+        format!(
+            "{} ids from LMDB into the in-memory set",
+            number(writer.dedupe_ids() as f64)
+        ),
+    );
     let (mut secs, mut mb, mut share) =
         (Samples::default(), Samples::default(), Samples::default());
     let mut during = Samples::default();
