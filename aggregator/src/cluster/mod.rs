@@ -106,26 +106,23 @@ pub async fn run(
     let mut first = true;
     loop {
         let mut etcd = context.etcd.clone();
-        let lease = match lease::grant(&mut etcd, context.ttl).await {
-            Ok(lease) => lease,
+        let joined = match lease::grant(&mut etcd, context.ttl).await {
+            Ok(lease) => {
+                first = false;
+                Member::new(context.clone(), lease)
+                    .serve(shutdown.clone())
+                    .await
+            }
             // At start-up an unusable etcd is a configuration problem.
             Err(e) if first => return Err(e),
-            Err(e) => {
-                tracing::warn!(error = %e, "rejoining the cluster failed; retrying");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(REJOIN_BACKOFF) => continue,
-                }
-            }
+            Err(e) => Err(e),
         };
-        first = false;
-        let member = Member::new(context.clone(), lease);
-        let served = match member.serve(shutdown.clone()).await {
+        let served = match joined {
             Ok(served) => served,
-            // An etcd that stalls past the new lease's TTL between the grant
-            // and the member key's put answers "lease not found": as any
-            // outage, that is a reason to rejoin with a fresh lease, not to
-            // stop the aggregator.
+            // An outage, including an etcd that stalls past the new lease's
+            // TTL between the grant and the member key's put ("lease not
+            // found"), is a reason to rejoin with a fresh lease, not to stop
+            // the aggregator.
             Err(e) if e.is_retryable() => {
                 tracing::warn!(member = context.id, error = %e, "rejoining the cluster failed; retrying");
                 tokio::select! {

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::checkpointer::Checkpointer;
-use crate::record::CheckpointStore;
+use crate::record::{CheckpointRecord, CheckpointStore};
 use crate::snapshot_store::SnapshotStore;
 
 /// A checkpointer of shard "s" over `store`, its objects under
@@ -60,21 +60,33 @@ async fn checkpoints_then_cold_restore_equal_the_live_store() {
     let objects = snapshots.list("s").await.unwrap();
     assert_eq!(objects.len(), 6, "two chains kept (keep = 1): {objects:?}");
 
-    let restored_dir = dir.path().join("restored");
-    std::fs::create_dir_all(dir.path().join("rtmp")).unwrap();
+    let lineage = cold_restore_equals_live(dir.path(), &record, &snapshots, &store).await;
+    assert_eq!(lineage, "lineage-a");
+}
+
+/// A cold restore of `record` into a fresh directory under `dir` equals the
+/// live store, entry for entry; returns the restored lineage.
+async fn cold_restore_equals_live(
+    dir: &Path,
+    record: &CheckpointRecord,
+    snapshots: &SnapshotStore,
+    live: &Store,
+) -> String {
+    let restored_dir = dir.join("restored");
+    std::fs::create_dir_all(dir.join("rtmp")).unwrap();
     std::fs::create_dir_all(&restored_dir).unwrap();
     let (restored, lineage, start) = crate::restore::open_or_restore(
         &restored_dir.join("lmdb"),
-        &dir.path().join("rtmp"),
-        Some(&record),
-        &snapshots,
+        &dir.join("rtmp"),
+        Some(record),
+        snapshots,
         1 << 28,
     )
     .await
     .unwrap();
     assert_eq!(start, crate::restore::Start::Cold);
-    assert_eq!(lineage, "lineage-a");
-    assert_eq!(dump(&restored), dump(&store));
+    assert_eq!(dump(&restored), dump(live));
+    lineage
 }
 
 /// A delta whose upload fails puts its changes back: the next checkpoint is
@@ -113,16 +125,5 @@ async fn a_failed_delta_puts_its_changes_back_on_the_same_chain() {
     assert_eq!(record.deltas.len(), 2);
     assert_eq!(record.seq, at);
 
-    std::fs::create_dir_all(dir.path().join("rtmp")).unwrap();
-    let (restored, _, start) = crate::restore::open_or_restore(
-        &dir.path().join("restored"),
-        &dir.path().join("rtmp"),
-        Some(&record),
-        &snapshots,
-        1 << 28,
-    )
-    .await
-    .unwrap();
-    assert_eq!(start, crate::restore::Start::Cold);
-    assert_eq!(dump(&restored), dump(&store));
+    cold_restore_equals_live(dir.path(), &record, &snapshots, &store).await;
 }
