@@ -185,6 +185,23 @@ async fn watch_etcd(
                 m = stream.message() => m,
             };
             match message {
+                Ok(Some(response)) if response.canceled() => {
+                    // Asked to resume after a revision etcd has compacted
+                    // away (a watch re-established after a long outage, or
+                    // one that fell behind): the events in between are gone,
+                    // so read the key as it is now and watch on from there.
+                    tracing::warn!(
+                        key,
+                        after_revision = revision,
+                        compacted_to = response.compact_revision(),
+                        reason = response.cancel_reason(),
+                        "catalog watch cancelled by etcd; re-reading the key"
+                    );
+                    if let Some(now) = reread(&mut client, &key, revision, &tx, &source).await {
+                        revision = now;
+                    }
+                    break;
+                }
                 Ok(Some(response)) => {
                     for event in response.events() {
                         if let Some(kv) = event.kv() {
@@ -208,6 +225,35 @@ async fn watch_etcd(
             }
         }
     }
+}
+
+/// The key as it is now: published when it changed after `revision`. Returns
+/// the store revision the read saw, to watch on from (None when etcd could
+/// not be read; the caller keeps its revision and retries the watch).
+async fn reread(
+    client: &mut etcd_client::Client,
+    key: &str,
+    revision: i64,
+    tx: &watch::Sender<Arc<Catalog>>,
+    source: &str,
+) -> Option<i64> {
+    let response = match client.get(key, None).await {
+        Ok(response) => response,
+        Err(e) => {
+            tracing::warn!(error = %e, key, "catalog re-read failed; retrying");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            return None;
+        }
+    };
+    match response.kvs().first() {
+        Some(kv) if kv.mod_revision() > revision => publish(tx, source, kv.value()),
+        Some(_) => {}
+        None => {
+            tracing::error!(key, "catalog key deleted; keeping the previous catalog");
+            metrics::counter!(CATALOG_ERRORS_TOTAL).increment(1);
+        }
+    }
+    response.header().map(|h| h.revision())
 }
 
 #[cfg(test)]

@@ -68,3 +68,85 @@ async fn etcd_catalog_changes_reach_the_pacer() {
     let body: serde_json::Value = missing.json().await.unwrap();
     assert!(body["error"].as_str().unwrap().contains("no-such-limit"));
 }
+
+/// A watch that resumes after etcd has compacted its history past the last
+/// revision it saw (a pacer frozen while etcd restarted, the catalog changed
+/// and the history was compacted, as auto-compaction does in production) is
+/// cancelled by etcd; the pacer must re-read the key, not go deaf to changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catalog_watch_resumed_past_a_compaction_rereads_the_key() {
+    let mut p = Pipeline::start(
+        Backends {
+            etcd: true,
+            s3: false,
+        },
+        20,
+    )
+    .await;
+    p.pacer = Some(p.spawn("pacer"));
+    p.wait_pacer().await;
+    let (limit_id, _) = p.catalog.limits.iter().next().unwrap();
+    let url = format!("{}/v1/limits/{limit_id}", p.pacer_url());
+    let budget = || async {
+        let body: serde_json::Value = reqwest::get(&url).await?.json().await?;
+        body["budget_micros"]
+            .as_u64()
+            .ok_or_else(|| anyhow::anyhow!("no budget in {body}"))
+    };
+    let original = budget().await.unwrap();
+
+    // Frozen, the pacer keeps its watch's last revision; the restart of etcd
+    // breaks its connection, so it will have to watch again from there.
+    p.pacer.as_mut().unwrap().pause().unwrap();
+    let etcd = p.etcd.as_mut().unwrap();
+    etcd.kill();
+    etcd.restart().await;
+    let mut changed = p.catalog.clone();
+    changed.limits.get_mut(limit_id).unwrap().budget_micros = original + 777;
+    etcd.put(CATALOG_KEY, &serde_json::to_vec(&changed).unwrap())
+        .await
+        .unwrap();
+    for i in 0..5 {
+        etcd.put("/adspend/test/other", format!("{i}").as_bytes())
+            .await
+            .unwrap();
+    }
+    let compacted = etcd.compact().await.unwrap();
+    p.pacer.as_mut().unwrap().resume().unwrap();
+
+    p.pacer
+        .as_mut()
+        .unwrap()
+        .wait_for_log("catalog watch cancelled by etcd", Duration::from_secs(15))
+        .await
+        .unwrap_or_else(|e| panic!("the watch never met the compaction at {compacted}: {e}"));
+    wait_until_ok(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async {
+            let now = budget().await?;
+            anyhow::ensure!(now == original + 777, "budget still {now}");
+            Ok(())
+        },
+    )
+    .await
+    .expect("the change made before the compaction never reached the pacer");
+
+    // And the watch goes on from the re-read revision.
+    let etcd = p.etcd.as_ref().unwrap();
+    changed.limits.get_mut(limit_id).unwrap().budget_micros = original + 778;
+    etcd.put(CATALOG_KEY, &serde_json::to_vec(&changed).unwrap())
+        .await
+        .unwrap();
+    wait_until_ok(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async {
+            let now = budget().await?;
+            anyhow::ensure!(now == original + 778, "budget still {now}");
+            Ok(())
+        },
+    )
+    .await
+    .expect("a change after the re-read never reached the pacer");
+}

@@ -133,6 +133,30 @@ impl Server<EtcdSpec> {
         self.gateway("kv/put", body).await.map(drop)
     }
 
+    /// Compacts etcd's history up to its current revision (physically, so
+    /// the old revisions are gone when this returns), as an operator's
+    /// `etcdctl compact` or etcd's auto-compaction would. Returns that revision.
+    ///
+    /// # Errors
+    ///
+    /// If etcd is unreachable or refuses the compaction.
+    pub async fn compact(&self) -> anyhow::Result<i64> {
+        let mut client = adspend_common::etcd::connect(&self.client_args()).await?;
+        let revision = client
+            .get("/", None)
+            .await?
+            .header()
+            .map(|h| h.revision())
+            .context("etcd answered without a header")?;
+        client
+            .compact(
+                revision,
+                Some(etcd_client::CompactionOptions::new().with_physical()),
+            )
+            .await?;
+        Ok(revision)
+    }
+
     /// Reads a key through etcd's JSON gateway; `None` if absent.
     ///
     /// # Errors
