@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use adspend_common::codec::encode_sums;
-use adspend_common::nats::{sums_subject, SUMS_RESYNC_SUBJECT};
+use adspend_common::nats::{progress_subject, sums_subject, Progress, SUMS_RESYNC_SUBJECT};
 use adspend_common::telemetry::SUMS_PUSHES_TOTAL;
 use adspend_common::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET};
 use futures::StreamExt;
@@ -32,6 +32,16 @@ pub struct Pusher {
     pub interval: Duration,
     push_seq: u64,
     last_push: Instant,
+    progress: Option<ProgressReport>,
+}
+
+/// The shard's applied sequence for the limiters' flow control, sent on
+/// every tick it moved and at least every [`HEARTBEAT`].
+struct ProgressReport {
+    subject: String,
+    partitions: Option<Vec<u32>>,
+    sent_seq: u64,
+    sent_at: Instant,
 }
 
 impl Pusher {
@@ -52,7 +62,20 @@ impl Pusher {
             interval,
             push_seq: 0,
             last_push: Instant::now(),
+            progress: None,
         }
+    }
+
+    /// Also report how far the shard has applied (its `partitions`, `None`
+    /// for all) on `adspend.progress.<shard>`.
+    pub fn with_progress(mut self, partitions: Option<Vec<u32>>) -> Self {
+        self.progress = Some(ProgressReport {
+            subject: progress_subject(&self.shard),
+            partitions,
+            sent_seq: 0,
+            sent_at: Instant::now(),
+        });
+        self
     }
 
     pub async fn run(mut self, cancel: CancellationToken) -> Result<(), Error> {
@@ -82,6 +105,7 @@ impl Pusher {
 
     async fn push_changes(&mut self) {
         let (entries, seq, watermark_ms, source_ms) = self.dirty.take();
+        self.report_progress(seq).await;
         if entries.is_empty() && self.last_push.elapsed() < HEARTBEAT {
             return;
         }
@@ -93,6 +117,31 @@ impl Pusher {
             false,
         )
         .await;
+    }
+
+    async fn report_progress(&mut self, seq: u64) {
+        let Some(report) = self.progress.as_mut() else {
+            return;
+        };
+        if seq == report.sent_seq && report.sent_at.elapsed() < HEARTBEAT {
+            return;
+        }
+        let progress = Progress {
+            partitions: report.partitions.clone(),
+            applied_seq: seq,
+        };
+        // Core NATS, at most once: a lost report is replaced by the next.
+        let publish = self
+            .client
+            .publish(report.subject.clone(), progress.encode().into());
+        match tokio::time::timeout(PUBLISH_TIMEOUT, publish).await {
+            Ok(Ok(())) => {
+                report.sent_seq = seq;
+                report.sent_at = Instant::now();
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "progress report failed"),
+            Err(_) => tracing::debug!("progress report timed out"),
+        }
     }
 
     async fn push_full(&mut self) {

@@ -213,7 +213,7 @@ pub async fn run(
     let consumer = consume::Consumer {
         stream,
         deadletters: js.clone(),
-        owned: partitions,
+        owned: partitions.clone(),
         next_seq: last_applied + 1,
         tx: incoming_tx,
     };
@@ -284,7 +284,8 @@ pub async fn run(
         shard.clone(),
         epoch,
         settings.push_interval,
-    );
+    )
+    .with_progress(partitions);
     let push_stop = CancellationToken::new();
     let push_task = {
         let (stop, fail) = (push_stop.clone(), fail.clone());

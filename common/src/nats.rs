@@ -23,6 +23,35 @@ pub const SUMS_RESYNC_SUBJECT: &str = "adspend.resync";
 /// [`crate::source_report`]).
 pub const SOURCES_SUBJECT: &str = "adspend.sources";
 
+/// Core NATS subject prefix of the aggregators' progress reports
+/// (aggregator → limiter, [`Progress`]), one subject per shard.
+pub const PROGRESS_SUBJECT_PREFIX: &str = "adspend.progress";
+
+/// How far one aggregator shard has applied `SPEND`: every message of its
+/// partitions up to `applied_seq` is in its sums. The limiters hold a
+/// flooding source back while what they published is far ahead of this
+/// (fair scheduling); a lost report only delays that by one interval.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Progress {
+    /// The shard's partitions; `None` for all of them.
+    pub partitions: Option<Vec<u32>>,
+    pub applied_seq: u64,
+}
+
+impl Progress {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a progress report serializes")
+    }
+
+    pub fn decode(bytes: &[u8]) -> std::result::Result<Progress, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+}
+
+pub fn progress_subject(shard: &str) -> String {
+    format!("{PROGRESS_SUBJECT_PREFIX}.{shard}")
+}
+
 pub fn spend_subject(partition: u32) -> String {
     format!("spend.{partition}")
 }

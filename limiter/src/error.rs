@@ -13,6 +13,13 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+
+    #[error("subscribing to {subject}: {}", Causes(source.as_ref()))]
+    Subscribe {
+        subject: String,
+        #[source]
+        source: BoxError,
+    },
 }
 
 impl Error {
@@ -20,7 +27,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Common(e) => e.is_retryable(),
-            Error::Consumer { .. } => true,
+            Error::Consumer { .. } | Error::Subscribe { .. } => true,
         }
     }
 
@@ -28,7 +35,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Common(e) => e.exit_code(),
-            Error::Consumer { .. } => adspend_common::error::EXIT_FAILURE,
+            Error::Consumer { .. } | Error::Subscribe { .. } => adspend_common::error::EXIT_FAILURE,
         }
     }
 }

@@ -10,6 +10,7 @@
 //! of how the input is shared among its sources.
 
 pub mod config;
+pub mod downstream;
 pub mod emit;
 pub mod error;
 pub mod fair;
@@ -36,6 +37,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, Validated};
+use downstream::Downstream;
 use emit::{Input, Output};
 pub use error::Error;
 
@@ -90,7 +92,24 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
     nats::ensure_spend(&js, replicas).await?;
     nats::ensure_deadletter(&js, replicas).await?;
 
-    let mut input = fair::Input::open(&impressions, &config).await?;
+    // FIFO scheduling holds nobody back: nothing to count.
+    let fair = config.scheduling == config::Scheduling::Fair;
+    let bound = if fair {
+        config.downstream_max_tuples
+    } else {
+        0
+    };
+    let downstream = Downstream::new(config.partitions.partitions, bound);
+    if bound > 0 {
+        downstream
+            .follow(&client, shutdown.clone())
+            .await
+            .map_err(|e| Error::Subscribe {
+                subject: format!("{}.>", nats::PROGRESS_SUBJECT_PREFIX),
+                source: Box::new(e),
+            })?;
+    }
+    let mut input = fair::Input::open(&impressions, &config, downstream.clone()).await?;
 
     tracing::info!(
         catalog = catalog_source.describe(),
@@ -106,6 +125,7 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
         tuples_per_message: config.tuples_per_message as usize,
         max_cost_micros: config.max_cost_micros,
         shutdown: shutdown.clone(),
+        downstream,
     };
     let mut markers = tokio::time::interval(config.checkpoint_interval());
     markers.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -141,10 +161,12 @@ struct Limiter {
     tuples_per_message: usize,
     max_cost_micros: u64,
     shutdown: CancellationToken,
+    downstream: Downstream,
 }
 
 enum Publish {
-    Done,
+    /// Acknowledged, with each message's stream sequence.
+    Done(Vec<u64>),
     /// Shutdown came while retrying: the input stays unacknowledged and is
     /// redelivered to the next limiter.
     Abandoned,
@@ -237,8 +259,17 @@ impl Limiter {
     /// dropped downstream).
     async fn publish_output(&self, out: &Output, source_ms: i64) -> Publish {
         let mut messages: Vec<(String, HeaderMap, Bytes)> = Vec::new();
-        for (partition, spend) in out.partitions.iter().enumerate() {
-            for payload in spend.encode(self.tuples_per_message, source_ms) {
+        // Partition and tuples of each SPEND message, in `messages`' order.
+        let mut spend = Vec::new();
+        let per_message = self.tuples_per_message.max(1);
+        for (partition, out) in out.partitions.iter().enumerate() {
+            for (i, payload) in out.encode(per_message, source_ms).into_iter().enumerate() {
+                let tuples = out
+                    .tuples
+                    .len()
+                    .saturating_sub(i * per_message)
+                    .min(per_message);
+                spend.push((partition as u32, tuples as u64));
                 messages.push((
                     spend_subject(partition as u32),
                     HeaderMap::new(),
@@ -259,8 +290,11 @@ impl Limiter {
             ));
         }
         let published = self.publish_all(&messages).await;
-        if let Publish::Done = published {
+        if let Publish::Done(seqs) = &published {
             metrics::counter!(SPEND_MESSAGES_TOTAL).increment(spend_messages as u64);
+            for (&(partition, tuples), &seq) in spend.iter().zip(seqs) {
+                self.downstream.published(partition, seq, tuples);
+            }
         }
         published
     }
@@ -276,7 +310,7 @@ impl Limiter {
                 result = attempt => result.unwrap_or_else(|_| Err(format!("no acknowledgement within {PUBLISH_TIMEOUT:?}"))),
             };
             match result {
-                Ok(()) => return Publish::Done,
+                Ok(seqs) => return Publish::Done(seqs),
                 Err(e) => {
                     tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "publish failed; retrying");
                     tokio::select! {
@@ -289,7 +323,11 @@ impl Limiter {
         }
     }
 
-    async fn try_publish_all(&self, messages: &[(String, HeaderMap, Bytes)]) -> Result<(), String> {
+    /// The stream sequence of each message, in order.
+    async fn try_publish_all(
+        &self,
+        messages: &[(String, HeaderMap, Bytes)],
+    ) -> Result<Vec<u64>, String> {
         // Pipelined: send everything, then collect the acknowledgements.
         let mut pending: Vec<PublishAckFuture> = Vec::with_capacity(messages.len());
         for (subject, headers, payload) in messages {
@@ -300,10 +338,11 @@ impl Limiter {
                 .map_err(|e| format!("publish to {subject}: {e}"))?;
             pending.push(ack);
         }
+        let mut seqs = Vec::with_capacity(pending.len());
         for ack in pending {
-            ack.await.map_err(|e| format!("publish ack: {e}"))?;
+            seqs.push(ack.await.map_err(|e| format!("publish ack: {e}"))?.sequence);
         }
-        Ok(())
+        Ok(seqs)
     }
 
     async fn publish_markers(&mut self) {
@@ -318,7 +357,7 @@ impl Limiter {
                 (spend_subject(partition), HeaderMap::new(), payload.into())
             })
             .collect();
-        if let Publish::Done = self.publish_all(&messages).await {
+        if let Publish::Done(_) = self.publish_all(&messages).await {
             metrics::counter!(MARKERS_TOTAL).increment(u64::from(self.partitions));
         }
     }

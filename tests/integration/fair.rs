@@ -194,3 +194,62 @@ async fn switching_between_fifo_and_fair_loses_nothing() {
             .is_ok());
     }
 }
+
+/// The aggregator stops applying (frozen) while A floods: with a small
+/// bound on what the limiter may have published unapplied, A (above its
+/// fair share) is held in `IMPRESSIONS` and B's trickle still goes through
+/// the limiter; once the aggregator is back, A drains and every total is
+/// exact. Without the bound the limiter would run through all of A, and
+/// B's tuples would wait in `SPEND` behind A's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_is_held_while_the_aggregators_are_behind_and_the_others_go_on() {
+    let mut p = Pipeline::start(Backends::default(), 300).await;
+    p.aggregator = Some(p.spawn("aggregator"));
+    p.pacer = Some(p.spawn("pacer"));
+    p.wait_pacer().await;
+    let js = jetstream::new(p.client().await);
+    let limiter_port = free_port();
+    p.limiter = Some(p.spawn_with(
+        "limiter",
+        limiter_port,
+        &[("ADSPEND_LIMITER_DOWNSTREAM_MAX_TUPLES", "5000")],
+    ));
+    // Some spend applied, so the aggregator has reported its progress.
+    let mut truth: Truth = p.publish(&source_config("B", 1_000, 20, 31)).await;
+    let comparison = p.settle(&truth, Duration::from_secs(60)).await;
+    assert_exact(&comparison, &truth);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    p.aggregator.as_mut().unwrap().pause().unwrap();
+    truth.absorb(&p.publish(&source_config("A", 300_000, 1_000, 32)).await);
+    truth.absorb(&p.publish(&source_config("B", 2_000, 20, 33)).await);
+    wait_until(Duration::from_secs(60), Duration::from_millis(20), || {
+        all_handled(&js, &["B"])
+    })
+    .await
+    .expect("B's trickle was not handled while the aggregator was frozen");
+    // A stays held as long as the aggregator applies nothing.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let a_left = lane_unacked(&js, "A").await.expect("A's lane");
+    assert!(
+        a_left >= 200,
+        "the limiter ran through A's flood ({a_left} of 300 messages left) \
+         while the aggregator applied nothing"
+    );
+    let body = reqwest::get(format!("http://127.0.0.1:{limiter_port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        metric_value(&body, "adspend_limiter_source_held_back{source=\"A\"}"),
+        Some(1.0),
+        "A is not reported held back:\n{body}"
+    );
+
+    p.aggregator.as_mut().unwrap().resume().unwrap();
+    let comparison = p.settle(&truth, Duration::from_secs(120)).await;
+    assert_exact(&comparison, &truth);
+    assert!(all_handled(&js, &["A", "B"]).await);
+}

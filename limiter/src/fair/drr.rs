@@ -15,6 +15,15 @@
 //! oldest events go first, which is what the single FIFO consumer did. Either
 //! way the round is work-conserving: capacity left over goes to whoever
 //! still has messages, so an offender drains at the spare capacity.
+//!
+//! The spare capacity is the aggregators', not only the limiter's: while
+//! they are behind this limiter's output by more than a bound (`congested`,
+//! see `crate::downstream`) and sources compete, every source with more
+//! waiting than its quantum (a backlog, not a trickle) is *held*: it gets
+//! nothing this round, so the queue in `SPEND` ahead of the others' tuples
+//! stays short; it goes on as soon as the aggregators catch up. Usage
+//! shares cannot decide this: a held source's usage falls, and a trickle
+//! would soon look like the heavy user.
 
 use std::cmp::Reverse;
 use std::time::Duration;
@@ -50,6 +59,9 @@ pub struct Plan {
     pub takes: Vec<(usize, u64)>,
     pub intervening: bool,
     pub classes: Vec<Class>,
+    /// Lanes given nothing because the aggregators are behind and they use
+    /// more than their fair share.
+    pub held: Vec<bool>,
 }
 
 impl Plan {
@@ -68,9 +80,10 @@ impl Plan {
     /// Lanes held back this round: offenders under intervention that were
     /// given less than they had waiting.
     pub fn held_back(&self, lane: usize, view: &LaneView) -> bool {
-        self.intervening
-            && self.classes[lane] == Class::Offender
-            && self.take_of(lane) < view.pending
+        self.held[lane]
+            || (self.intervening
+                && self.classes[lane] == Class::Offender
+                && self.take_of(lane) < view.pending)
     }
 }
 
@@ -104,20 +117,38 @@ pub fn classify(lanes: &[LaneView], lag_threshold: Duration) -> Vec<Class> {
 #[derive(Debug, Default, Clone)]
 pub struct Deficits(pub Vec<u64>);
 
-/// Decide one round. `deficits` is resized to the lanes and updated.
+/// Lanes to hold when the aggregators are behind (`congested`): with two
+/// or more sources competing, those with more than their quantum of a
+/// round (`capacity / k`) waiting. A single source is never held.
+pub fn hold(lanes: &[LaneView], capacity: u64, congested: bool) -> Vec<bool> {
+    let k = competing(lanes) as u64;
+    let quantum = capacity / k.max(1);
+    lanes
+        .iter()
+        .map(|l| congested && k >= 2 && l.pending > quantum)
+        .collect()
+}
+
+/// Decide one round. `congested`: the aggregators are behind this
+/// limiter's output (see [`hold`]). `deficits` is resized to the lanes and
+/// updated.
 pub fn plan(
     lanes: &[LaneView],
     capacity: u64,
     lag_threshold: Duration,
+    congested: bool,
     deficits: &mut Deficits,
 ) -> Plan {
     deficits.0.resize(lanes.len(), 0);
     let classes = classify(lanes, lag_threshold);
-    let intervening = classes.contains(&Class::Victim);
+    let held = hold(lanes, capacity, congested);
+    let intervening = classes.contains(&Class::Victim) || held.contains(&true);
     let mut given = vec![0u64; lanes.len()];
     let mut left = capacity;
     // Oldest waiting first; ties by lane index so a plan is deterministic.
-    let mut order: Vec<usize> = (0..lanes.len()).filter(|&i| lanes[i].pending > 0).collect();
+    let mut order: Vec<usize> = (0..lanes.len())
+        .filter(|&i| lanes[i].pending > 0 && !held[i])
+        .collect();
     if intervening {
         order.sort_by_key(|&i| (classes[i], Reverse(lanes[i].lag), i));
         let k = competing(lanes).max(1) as u64;
@@ -154,6 +185,7 @@ pub fn plan(
         takes,
         intervening,
         classes,
+        held,
     }
 }
 
@@ -193,7 +225,7 @@ mod tests {
             lane(3, 900, 0.02),
             lane(7, 400, 0.02),
         ];
-        let plan = plan(&lanes, 1_000, LAG, &mut Deficits::default());
+        let plan = plan(&lanes, 1_000, LAG, false, &mut Deficits::default());
         assert!(plan.intervening);
         assert_eq!(plan.takes, vec![(1, 3), (2, 7), (0, 990)]);
         assert!(plan.held_back(0, &lanes[0]));
@@ -208,7 +240,7 @@ mod tests {
             lane(3, 100, 0.02),
             lane(4, 180, 0.02),
         ];
-        let plan = plan(&lanes, 1_000, LAG, &mut Deficits::default());
+        let plan = plan(&lanes, 1_000, LAG, false, &mut Deficits::default());
         assert!(!plan.intervening);
         assert_eq!(plan.takes, vec![(2, 4), (0, 996)]);
     }
@@ -223,9 +255,44 @@ mod tests {
             lane(10_000, 100, 0.8),
         ];
         let mut deficits = Deficits::default();
-        let plan = plan(&lanes, 900, LAG, &mut deficits);
+        let plan = plan(&lanes, 900, LAG, false, &mut deficits);
         assert!(plan.intervening);
         assert_eq!(plan.takes, vec![(1, 300), (0, 300), (2, 300)]);
+    }
+
+    #[test]
+    fn while_the_aggregators_are_behind_a_backlog_is_held_and_trickles_go_on() {
+        // A replays a backlog; nobody has waited past the threshold yet,
+        // so without congestion it is plain oldest-first and A takes all.
+        let lanes = [
+            lane(50_000, 80, 0.7),
+            lane(3, 20, 0.1),
+            lane(7, 10, 0.1),
+            lane(0, 0, 0.1),
+        ];
+        let free = plan(&lanes, 1_000, LAG, false, &mut Deficits::default());
+        assert!(!free.intervening);
+        assert_eq!(free.takes, vec![(0, 1_000)]);
+        let held = plan(&lanes, 1_000, LAG, true, &mut Deficits::default());
+        assert!(held.intervening);
+        assert_eq!(held.held, vec![true, false, false, false]);
+        assert_eq!(held.takes, vec![(1, 3), (2, 7)]);
+        assert!(held.held_back(0, &lanes[0]));
+        assert!(!held.held_back(1, &lanes[1]));
+    }
+
+    #[test]
+    fn congestion_holds_no_single_source_and_no_trickle() {
+        // One source: nobody to be fair to, it goes on.
+        let one = [lane(50_000, 500, 1.0)];
+        let plan1 = plan(&one, 1_000, LAG, true, &mut Deficits::default());
+        assert_eq!(plan1.takes, vec![(0, 1_000)]);
+        // Trickles within their quantum (500 each) go on, whatever their
+        // usage: the held backlog's usage falls and theirs rises.
+        let trickles = [lane(400, 50, 0.9), lane(500, 60, 0.1)];
+        let plan2 = plan(&trickles, 1_000, LAG, true, &mut Deficits::default());
+        assert_eq!(plan2.total(), 900);
+        assert!(!plan2.intervening);
     }
 
     fn lanes_strategy() -> impl Strategy<Value = Vec<LaneView>> {
@@ -252,7 +319,7 @@ mod tests {
         ) {
             let mut deficits = Deficits::default();
             for _ in 0..rounds {
-                let plan = plan(&lanes, capacity, LAG, &mut deficits);
+                let plan = plan(&lanes, capacity, LAG, false, &mut deficits);
                 let mut seen = std::collections::BTreeSet::new();
                 for &(i, n) in &plan.takes {
                     prop_assert!(seen.insert(i), "lane {} listed twice", i);
@@ -264,6 +331,29 @@ mod tests {
             }
         }
 
+        /// Congested, a held lane gets nothing, the others are served as
+        /// work-conservingly as before among themselves, and only lanes
+        /// with more than their quantum waiting are held, never a lone one.
+        #[test]
+        fn congested_plans_hold_exactly_the_backlogs(
+            lanes in lanes_strategy(),
+            capacity in 1u64..3_000,
+        ) {
+            let plan = plan(&lanes, capacity, LAG, true, &mut Deficits::default());
+            let k = competing(&lanes) as u64;
+            let mut free = 0;
+            for (i, l) in lanes.iter().enumerate() {
+                prop_assert_eq!(plan.held[i], k >= 2 && l.pending > capacity / k);
+                if plan.held[i] {
+                    prop_assert_eq!(plan.take_of(i), 0);
+                    prop_assert!(plan.held_back(i, l));
+                } else {
+                    free += l.pending;
+                }
+            }
+            prop_assert_eq!(plan.total(), free.min(capacity));
+        }
+
         /// Under intervention every victim gets at least its quantum (or all
         /// it has) before any offender gets a message.
         #[test]
@@ -271,7 +361,7 @@ mod tests {
             lanes in lanes_strategy(),
             capacity in 1u64..3_000,
         ) {
-            let plan = plan(&lanes, capacity, LAG, &mut Deficits::default());
+            let plan = plan(&lanes, capacity, LAG, false, &mut Deficits::default());
             let k = competing(&lanes).max(1) as u64;
             let quantum = (capacity / k).max(1);
             let victims: Vec<usize> = (0..lanes.len()).filter(|&i| plan.classes[i] == Class::Victim).collect();

@@ -9,6 +9,7 @@ use futures::StreamExt;
 
 use super::{lanes, pull_stream, Scheduler, SourceStat};
 use crate::config::{Config, Scheduling};
+use crate::downstream::Downstream;
 use crate::{Error, PullMessage};
 
 /// The limiter's input: chunks of messages, each acknowledged by the caller.
@@ -24,7 +25,11 @@ pub enum Input {
 }
 
 impl Input {
-    pub async fn open(stream: &JsStream, config: &Config) -> Result<Input, Error> {
+    pub async fn open(
+        stream: &JsStream,
+        config: &Config,
+        downstream: Downstream,
+    ) -> Result<Input, Error> {
         let token = config.source_token as usize;
         match config.scheduling {
             Scheduling::Fifo => {
@@ -38,7 +43,7 @@ impl Input {
                 })
             }
             Scheduling::Fair => Ok(Input::Fair(Box::new(
-                Scheduler::start(stream, config).await?,
+                Scheduler::start(stream, config, downstream).await?,
             ))),
         }
     }

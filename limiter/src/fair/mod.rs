@@ -35,6 +35,7 @@ use async_nats::jetstream::stream::Stream as JsStream;
 use futures::FutureExt;
 
 use crate::config::Config;
+use crate::downstream::Downstream;
 use crate::{Error, PullMessage};
 use drr::{Deficits, LaneView};
 use feed::Feed;
@@ -49,6 +50,9 @@ pub const USAGE_WINDOW: Duration = Duration::from_secs(5);
 /// Payload bytes one round takes at most (and `max_batch` messages): short
 /// rounds, so a waiting source is never behind one huge chunk.
 pub const ROUND_BYTES: u64 = 4 * 1024 * 1024;
+/// While only held sources have messages, how often the scheduler looks
+/// again (besides every progress report).
+const HELD_RECHECK: Duration = Duration::from_millis(10);
 
 async fn pull_stream(
     consumer: &async_nats::jetstream::consumer::PullConsumer,
@@ -119,6 +123,8 @@ pub struct Scheduler {
     published: Instant,
     /// Whether the last round enforced the fair order.
     intervening: bool,
+    /// What the aggregators have not applied of this limiter's output.
+    downstream: Downstream,
 }
 
 /// What woke the scheduler up.
@@ -133,8 +139,12 @@ impl Scheduler {
     /// when a FIFO consumer is found (an older limiter, or `fifo`
     /// scheduling before), the lanes take over from its ack floor and it is
     /// deleted afterwards.
-    pub async fn start(stream: &JsStream, config: &Config) -> Result<Scheduler, Error> {
-        Self::start_with_listing(stream, config, LISTING_EVERY).await
+    pub async fn start(
+        stream: &JsStream,
+        config: &Config,
+        downstream: Downstream,
+    ) -> Result<Scheduler, Error> {
+        Self::start_with_listing(stream, config, LISTING_EVERY, downstream).await
     }
 
     /// [`Scheduler::start`] with the stream's subjects listed every
@@ -143,6 +153,7 @@ impl Scheduler {
         stream: &JsStream,
         config: &Config,
         listing_every: Duration,
+        downstream: Downstream,
     ) -> Result<Scheduler, Error> {
         let now = Instant::now();
         let token = config.source_token as usize;
@@ -184,6 +195,7 @@ impl Scheduler {
             listing,
             published: now,
             intervening: false,
+            downstream,
         };
         let takeover = lanes::takeover_from_fifo(stream, &config.consumer).await;
         for source in initial {
@@ -307,6 +319,14 @@ impl Scheduler {
                     if !chunk.is_empty() {
                         return chunk;
                     }
+                    if self.lanes.iter().any(|l| l.held_back) {
+                        // Only held sources have messages: wait for the
+                        // aggregators (or a moment, for another source).
+                        tokio::select! {
+                            _ = self.downstream.changed() => {}
+                            _ = tokio::time::sleep(HELD_RECHECK) => {}
+                        }
+                    }
                 }
                 Wake::Seen(source) => {
                     self.seen.push(source);
@@ -324,7 +344,14 @@ impl Scheduler {
     fn take_round(&mut self) -> Vec<PullMessage> {
         let now = Instant::now();
         let views = self.refresh(now);
-        let plan = drr::plan(&views, ROUND_BYTES, self.lag_threshold, &mut self.deficits);
+        let congested = self.downstream.congested();
+        let plan = drr::plan(
+            &views,
+            ROUND_BYTES,
+            self.lag_threshold,
+            congested,
+            &mut self.deficits,
+        );
         let mut chunk = Vec::new();
         let mut chunk_bytes = 0;
         for &(i, n) in &plan.takes {
@@ -333,7 +360,7 @@ impl Scheduler {
         // The estimates may fall short of what is ready, and messages may
         // have arrived since the views were taken: fill the chunk, victims
         // first and offenders last.
-        let mut fill: Vec<usize> = (0..self.lanes.len()).collect();
+        let mut fill: Vec<usize> = (0..self.lanes.len()).filter(|&i| !plan.held[i]).collect();
         fill.sort_by_key(|&i| (plan.classes[i], std::cmp::Reverse(views[i].lag), i));
         for i in fill {
             let room = ROUND_BYTES.saturating_sub(chunk_bytes);
