@@ -7,8 +7,9 @@ use adspend_tests::harness::wait_until_ok;
 
 use crate::support::{Backends, Pipeline, CATALOG_KEY};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_catalog_changes_reach_the_pacer() {
+/// A pipeline with etcd and a pacer reading the catalog from it; the first
+/// limit's id and its pacer URL.
+async fn pacer_on_etcd() -> (Pipeline, String, String) {
     let mut p = Pipeline::start(
         Backends {
             etcd: true,
@@ -19,33 +20,53 @@ async fn etcd_catalog_changes_reach_the_pacer() {
     .await;
     p.pacer = Some(p.spawn("pacer"));
     p.wait_pacer().await;
-    let etcd = p.etcd.as_ref().unwrap();
-    let (limit_id, _) = p.catalog.limits.iter().next().unwrap();
+    let limit_id = p.catalog.limits.keys().next().unwrap().clone();
     let url = format!("{}/v1/limits/{limit_id}", p.pacer_url());
-    let budget = || async {
-        let body: serde_json::Value = reqwest::get(&url).await?.json().await?;
-        body["budget_micros"]
-            .as_u64()
-            .ok_or_else(|| anyhow::anyhow!("no budget in {body}"))
-    };
-    let original = budget().await.unwrap();
+    (p, limit_id, url)
+}
 
-    let mut changed = p.catalog.clone();
-    changed.limits.get_mut(limit_id).unwrap().budget_micros = original + 12_345;
-    etcd.put(CATALOG_KEY, &serde_json::to_vec(&changed).unwrap())
-        .await
-        .unwrap();
+async fn budget(url: &str) -> anyhow::Result<u64> {
+    let body: serde_json::Value = reqwest::get(url).await?.json().await?;
+    body["budget_micros"]
+        .as_u64()
+        .ok_or_else(|| anyhow::anyhow!("no budget in {body}"))
+}
+
+async fn wait_for_budget(url: &str, expected: u64) -> anyhow::Result<()> {
     wait_until_ok(
         Duration::from_secs(10),
         Duration::from_millis(100),
         || async {
-            let now = budget().await?;
-            anyhow::ensure!(now == original + 12_345, "budget still {now}");
+            let now = budget(url).await?;
+            anyhow::ensure!(now == expected, "budget {now}, waiting for {expected}");
             Ok(())
         },
     )
     .await
-    .expect("budget change not applied");
+}
+
+/// The catalog with the budget of `limit_id` set to `micros`, written to etcd.
+async fn put_budget(p: &Pipeline, limit_id: &str, micros: u64) {
+    let mut changed = p.catalog.clone();
+    changed.limits.get_mut(limit_id).unwrap().budget_micros = micros;
+    p.etcd
+        .as_ref()
+        .unwrap()
+        .put(CATALOG_KEY, &serde_json::to_vec(&changed).unwrap())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_catalog_changes_reach_the_pacer() {
+    let (mut p, limit_id, url) = pacer_on_etcd().await;
+    let original = budget(&url).await.unwrap();
+
+    put_budget(&p, &limit_id, original + 12_345).await;
+    wait_for_budget(&url, original + 12_345)
+        .await
+        .expect("budget change not applied");
+    let etcd = p.etcd.as_ref().unwrap();
 
     etcd.put(CATALOG_KEY, b"{not a catalog").await.unwrap();
     // The pacer says when it has read and refused the update; from then on,
@@ -58,7 +79,7 @@ async fn etcd_catalog_changes_reach_the_pacer() {
         .expect("the invalid catalog was not refused");
     let watched = Instant::now();
     while watched.elapsed() < Duration::from_secs(1) {
-        assert_eq!(budget().await.unwrap(), original + 12_345);
+        assert_eq!(budget(&url).await.unwrap(), original + 12_345);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let missing = reqwest::get(format!("{}/v1/limits/no-such-limit", p.pacer_url()))
@@ -75,25 +96,8 @@ async fn etcd_catalog_changes_reach_the_pacer() {
 /// cancelled by etcd; the pacer must re-read the key, not go deaf to changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_catalog_watch_resumed_past_a_compaction_rereads_the_key() {
-    let mut p = Pipeline::start(
-        Backends {
-            etcd: true,
-            s3: false,
-        },
-        20,
-    )
-    .await;
-    p.pacer = Some(p.spawn("pacer"));
-    p.wait_pacer().await;
-    let (limit_id, _) = p.catalog.limits.iter().next().unwrap();
-    let url = format!("{}/v1/limits/{limit_id}", p.pacer_url());
-    let budget = || async {
-        let body: serde_json::Value = reqwest::get(&url).await?.json().await?;
-        body["budget_micros"]
-            .as_u64()
-            .ok_or_else(|| anyhow::anyhow!("no budget in {body}"))
-    };
-    let original = budget().await.unwrap();
+    let (mut p, limit_id, url) = pacer_on_etcd().await;
+    let original = budget(&url).await.unwrap();
 
     // Frozen, the pacer keeps its watch's last revision; the restart of etcd
     // breaks its connection, so it will have to watch again from there.
@@ -101,11 +105,8 @@ async fn a_catalog_watch_resumed_past_a_compaction_rereads_the_key() {
     let etcd = p.etcd.as_mut().unwrap();
     etcd.kill();
     etcd.restart().await;
-    let mut changed = p.catalog.clone();
-    changed.limits.get_mut(limit_id).unwrap().budget_micros = original + 777;
-    etcd.put(CATALOG_KEY, &serde_json::to_vec(&changed).unwrap())
-        .await
-        .unwrap();
+    put_budget(&p, &limit_id, original + 777).await;
+    let etcd = p.etcd.as_ref().unwrap();
     for i in 0..5 {
         etcd.put("/adspend/test/other", format!("{i}").as_bytes())
             .await
@@ -120,33 +121,13 @@ async fn a_catalog_watch_resumed_past_a_compaction_rereads_the_key() {
         .wait_for_log("catalog watch cancelled by etcd", Duration::from_secs(15))
         .await
         .unwrap_or_else(|e| panic!("the watch never met the compaction at {compacted}: {e}"));
-    wait_until_ok(
-        Duration::from_secs(10),
-        Duration::from_millis(100),
-        || async {
-            let now = budget().await?;
-            anyhow::ensure!(now == original + 777, "budget still {now}");
-            Ok(())
-        },
-    )
-    .await
-    .expect("the change made before the compaction never reached the pacer");
+    wait_for_budget(&url, original + 777)
+        .await
+        .expect("the change made before the compaction never reached the pacer");
 
     // And the watch goes on from the re-read revision.
-    let etcd = p.etcd.as_ref().unwrap();
-    changed.limits.get_mut(limit_id).unwrap().budget_micros = original + 778;
-    etcd.put(CATALOG_KEY, &serde_json::to_vec(&changed).unwrap())
+    put_budget(&p, &limit_id, original + 778).await;
+    wait_for_budget(&url, original + 778)
         .await
-        .unwrap();
-    wait_until_ok(
-        Duration::from_secs(10),
-        Duration::from_millis(100),
-        || async {
-            let now = budget().await?;
-            anyhow::ensure!(now == original + 778, "budget still {now}");
-            Ok(())
-        },
-    )
-    .await
-    .expect("a change after the re-read never reached the pacer");
+        .expect("a change after the re-read never reached the pacer");
 }

@@ -36,6 +36,17 @@ async fn lane_unacked(js: &jetstream::Context, source: &str) -> anyhow::Result<u
     Ok(info.num_pending + info.num_ack_pending as u64)
 }
 
+/// A pipeline with the aggregator and the pacer running (no limiter yet),
+/// and a JetStream context on its NATS.
+async fn aggregating() -> (Pipeline, jetstream::Context) {
+    let mut p = Pipeline::start(Backends::default(), 300).await;
+    p.aggregator = Some(p.spawn("aggregator"));
+    p.pacer = Some(p.spawn("pacer"));
+    p.wait_pacer().await;
+    let js = jetstream::new(p.client().await);
+    (p, js)
+}
+
 async fn all_handled(js: &jetstream::Context, sources: &[&str]) -> bool {
     for source in sources {
         match lane_unacked(js, source).await {
@@ -54,11 +65,7 @@ async fn all_handled(js: &jetstream::Context, sources: &[&str]) -> bool {
 /// truth exactly (E's copies of B counted once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_does_not_hold_back_other_sources_and_totals_stay_exact() {
-    let mut p = Pipeline::start(Backends::default(), 300).await;
-    p.aggregator = Some(p.spawn("aggregator"));
-    p.pacer = Some(p.spawn("pacer"));
-    p.wait_pacer().await;
-    let js = jetstream::new(p.client().await);
+    let (mut p, js) = aggregating().await;
 
     let mut truth: Truth = p.publish(&source_config("A", 1_000_000, 1_000, 1)).await;
     assert_eq!(truth.stats.messages_failed, 0);
@@ -130,11 +137,7 @@ async fn a_backlog_does_not_hold_back_other_sources_and_totals_stay_exact() {
 /// left off; the totals are exact and no consumer is left behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switching_between_fifo_and_fair_loses_nothing() {
-    let mut p = Pipeline::start(Backends::default(), 300).await;
-    p.aggregator = Some(p.spawn("aggregator"));
-    p.pacer = Some(p.spawn("pacer"));
-    p.wait_pacer().await;
-    let js = jetstream::new(p.client().await);
+    let (mut p, js) = aggregating().await;
     // The first run's truth lists every limit of the catalog.
     let mut truth = p.publish(&source_config("A", 1_000, 100, 20)).await;
     // Events published since the previous limiter stopped: what the next one
@@ -203,11 +206,7 @@ async fn switching_between_fifo_and_fair_loses_nothing() {
 /// B's tuples would wait in `SPEND` behind A's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_is_held_while_the_aggregators_are_behind_and_the_others_go_on() {
-    let mut p = Pipeline::start(Backends::default(), 300).await;
-    p.aggregator = Some(p.spawn("aggregator"));
-    p.pacer = Some(p.spawn("pacer"));
-    p.wait_pacer().await;
-    let js = jetstream::new(p.client().await);
+    let (mut p, js) = aggregating().await;
     let limiter_port = free_port();
     p.limiter = Some(p.spawn_with(
         "limiter",
