@@ -47,6 +47,15 @@ async fn aggregating() -> (Pipeline, jetstream::Context) {
     (p, js)
 }
 
+async fn metrics_body(port: u16) -> String {
+    reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 async fn all_handled(js: &jetstream::Context, sources: &[&str]) -> bool {
     for source in sources {
         match lane_unacked(js, source).await {
@@ -105,12 +114,7 @@ async fn a_backlog_does_not_hold_back_other_sources_and_totals_stay_exact() {
         a_left > 0,
         "A's backlog was drained before the other sources were handled"
     );
-    let body = reqwest::get(format!("http://127.0.0.1:{limiter_port}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = metrics_body(limiter_port).await;
     for source in ["A", "B", "C", "D", "E"] {
         assert!(
             metric_value(
@@ -235,12 +239,7 @@ async fn a_flood_is_held_while_the_aggregators_are_behind_and_the_others_go_on()
         "the limiter ran through A's flood ({a_left} of 300 messages left) \
          while the aggregator applied nothing"
     );
-    let body = reqwest::get(format!("http://127.0.0.1:{limiter_port}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = metrics_body(limiter_port).await;
     assert_eq!(
         metric_value(&body, "adspend_limiter_source_held_back{source=\"A\"}"),
         Some(1.0),
