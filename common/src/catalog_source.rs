@@ -209,11 +209,7 @@ async fn watch_etcd(
                             if event.event_type() == etcd_client::EventType::Put {
                                 publish(&tx, &source, kv.value());
                             } else {
-                                tracing::error!(
-                                    key,
-                                    "catalog key deleted; keeping the previous catalog"
-                                );
-                                metrics::counter!(CATALOG_ERRORS_TOTAL).increment(1);
+                                key_deleted(&key);
                             }
                         }
                     }
@@ -248,12 +244,14 @@ async fn reread(
     match response.kvs().first() {
         Some(kv) if kv.mod_revision() > revision => publish(tx, source, kv.value()),
         Some(_) => {}
-        None => {
-            tracing::error!(key, "catalog key deleted; keeping the previous catalog");
-            metrics::counter!(CATALOG_ERRORS_TOTAL).increment(1);
-        }
+        None => key_deleted(key),
     }
     response.header().map(|h| h.revision())
+}
+
+fn key_deleted(key: &str) {
+    tracing::error!(key, "catalog key deleted; keeping the previous catalog");
+    metrics::counter!(CATALOG_ERRORS_TOTAL).increment(1);
 }
 
 #[cfg(test)]

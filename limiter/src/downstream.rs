@@ -27,6 +27,8 @@ use futures::StreamExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::Error;
+
 /// Entries kept per partition; past it, a new message is merged into the
 /// last entry (counted as applied only when the later sequence is), so
 /// memory stays bounded while the aggregators are away for long.
@@ -146,10 +148,16 @@ impl Downstream {
         &self,
         client: &async_nats::Client,
         cancel: CancellationToken,
-    ) -> Result<(), async_nats::SubscribeError> {
-        let mut reports = client
-            .subscribe(format!("{PROGRESS_SUBJECT_PREFIX}.>"))
-            .await?;
+    ) -> Result<(), Error> {
+        let subject = format!("{PROGRESS_SUBJECT_PREFIX}.>");
+        let mut reports =
+            client
+                .subscribe(subject.clone())
+                .await
+                .map_err(|e| Error::Subscribe {
+                    subject,
+                    source: Box::new(e),
+                })?;
         let this = self.clone();
         tokio::spawn(async move {
             loop {
@@ -188,14 +196,10 @@ impl Downstream {
     }
 
     /// Whether the aggregators are far enough behind this limiter's output
-    /// that offenders wait.
+    /// that sources with a backlog wait.
     pub fn congested(&self) -> bool {
         let backlog = self.backlog.lock().expect("backlog lock");
         self.bound > 0 && backlog.heard() && backlog.queued() > self.bound
-    }
-
-    pub fn queued(&self) -> u64 {
-        self.backlog.lock().expect("backlog lock").queued()
     }
 
     /// Resolves at the next report.

@@ -64,9 +64,10 @@ impl PartitionOut {
         &self.limits[tuple.limit as usize]
     }
 
-    /// Encoded `SPEND` messages of at most `per_message` tuples each; each
-    /// carries only the limit ids its tuples use.
-    pub fn encode(&self, per_message: usize, source_ms: i64) -> Vec<Vec<u8>> {
+    /// Encoded `SPEND` messages of at most `per_message` tuples each, with
+    /// the number of tuples in each; each carries only the limit ids its
+    /// tuples use.
+    pub fn encode(&self, per_message: usize, source_ms: i64) -> Vec<(Vec<u8>, usize)> {
         let mut local = vec![u32::MAX; self.limits.len()];
         let mut names: Vec<&str> = Vec::new();
         let mut tuples: Vec<SpendTuple> = Vec::with_capacity(per_message.min(self.tuples.len()));
@@ -94,7 +95,7 @@ impl PartitionOut {
                 }),
                 &mut payload,
             );
-            messages.push(payload);
+            messages.push((payload, chunk.len()));
             for tuple in chunk {
                 local[tuple.limit as usize] = u32::MAX;
             }
@@ -311,7 +312,7 @@ mod tests {
             },
             &catalog(),
         );
-        let encoded = |o: &Output| -> Vec<Vec<Vec<u8>>> {
+        let encoded = |o: &Output| -> Vec<Vec<(Vec<u8>, usize)>> {
             o.partitions.iter().map(|p| p.encode(1, 5)).collect()
         };
         assert_eq!(encoded(&again), encoded(&out));

@@ -101,13 +101,7 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
     };
     let downstream = Downstream::new(config.partitions.partitions, bound);
     if bound > 0 {
-        downstream
-            .follow(&client, shutdown.clone())
-            .await
-            .map_err(|e| Error::Subscribe {
-                subject: format!("{}.>", nats::PROGRESS_SUBJECT_PREFIX),
-                source: Box::new(e),
-            })?;
+        downstream.follow(&client, shutdown.clone()).await?;
     }
     let mut input = fair::Input::open(&impressions, &config, downstream.clone()).await?;
 
@@ -261,14 +255,8 @@ impl Limiter {
         let mut messages: Vec<(String, HeaderMap, Bytes)> = Vec::new();
         // Partition and tuples of each SPEND message, in `messages`' order.
         let mut spend = Vec::new();
-        let per_message = self.tuples_per_message.max(1);
         for (partition, out) in out.partitions.iter().enumerate() {
-            for (i, payload) in out.encode(per_message, source_ms).into_iter().enumerate() {
-                let tuples = out
-                    .tuples
-                    .len()
-                    .saturating_sub(i * per_message)
-                    .min(per_message);
+            for (payload, tuples) in out.encode(self.tuples_per_message, source_ms) {
                 spend.push((partition as u32, tuples as u64));
                 messages.push((
                     spend_subject(partition as u32),

@@ -59,8 +59,8 @@ pub struct Plan {
     pub takes: Vec<(usize, u64)>,
     pub intervening: bool,
     pub classes: Vec<Class>,
-    /// Lanes given nothing because the aggregators are behind and they use
-    /// more than their fair share.
+    /// Lanes given nothing because the aggregators are behind and they
+    /// have a backlog (see [`hold`]).
     pub held: Vec<bool>,
 }
 
@@ -77,8 +77,8 @@ impl Plan {
             .sum()
     }
 
-    /// Lanes held back this round: offenders under intervention that were
-    /// given less than they had waiting.
+    /// Lanes held back this round: held lanes, and offenders under
+    /// intervention that were given less than they had waiting.
     pub fn held_back(&self, lane: usize, view: &LaneView) -> bool {
         self.held[lane]
             || (self.intervening
