@@ -216,7 +216,7 @@ fuzz_target!(|data: &[u8]| {
             ));
         }
         let mut decoded = Vec::new();
-        for message in partition.encode(3, 1) {
+        for (message, _) in partition.encode(3, 1) {
             match decode_spend(&message).expect("the limiter's output decodes") {
                 SpendMessage::Batch(batch) => {
                     assert!(batch.tuples.len() <= 3);
