@@ -23,6 +23,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use adspend_common::nats::{Progress, PROGRESS_SUBJECT_PREFIX};
+use adspend_common::telemetry::LIMITER_DOWNSTREAM_QUEUED_TUPLES;
 use futures::StreamExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -199,6 +200,7 @@ impl Downstream {
     /// that sources with a backlog wait.
     pub fn congested(&self) -> bool {
         let backlog = self.backlog.lock().expect("backlog lock");
+        metrics::gauge!(LIMITER_DOWNSTREAM_QUEUED_TUPLES).set(backlog.queued() as f64);
         self.bound > 0 && backlog.heard() && backlog.queued() > self.bound
     }
 

@@ -352,6 +352,10 @@ impl Scheduler {
             congested,
             &mut self.deficits,
         );
+        if plan.held.contains(&true) {
+            metrics::counter!(adspend_common::telemetry::LIMITER_CONGESTED_ROUNDS_TOTAL)
+                .increment(1);
+        }
         let mut chunk = Vec::new();
         let mut chunk_bytes = 0;
         for &(i, n) in &plan.takes {

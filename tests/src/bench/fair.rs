@@ -47,6 +47,9 @@ pub struct Scenario {
     pub batch: usize,
     pub steady: Duration,
     pub surge_for: Duration,
+    /// The limiter's `ADSPEND_LIMITER_DOWNSTREAM_MAX_TUPLES`; its default
+    /// when `None`.
+    pub downstream_max_tuples: Option<u64>,
 }
 
 /// Freshness (seconds) of one source's messages, per phase.
@@ -93,7 +96,10 @@ pub fn catalog() -> Catalog {
     catalog
 }
 
-pub async fn start(scheduling: &str) -> anyhow::Result<Pipeline> {
+pub async fn start(
+    scheduling: &str,
+    downstream_max_tuples: Option<u64>,
+) -> anyhow::Result<Pipeline> {
     let options = NatsOptions {
         lazy_sync: true,
         ..NatsOptions::default()
@@ -101,6 +107,10 @@ pub async fn start(scheduling: &str) -> anyhow::Result<Pipeline> {
     let mut p = Pipeline::start_with(Backends::default(), options, catalog()).await;
     let mut env: Vec<(&str, &str)> = super::e2e::SERVICE_ENV.to_vec();
     env.push(("ADSPEND_LIMITER_SCHEDULING", scheduling));
+    let bound = downstream_max_tuples.map(|n| n.to_string());
+    if let Some(bound) = &bound {
+        env.push(("ADSPEND_LIMITER_DOWNSTREAM_MAX_TUPLES", bound));
+    }
     p.aggregator = Some(p.spawn_with("aggregator", free_port(), &env));
     p.limiter = Some(p.spawn_with("limiter", free_port(), &env));
     p.pacer = Some(p.spawn_with("pacer", free_port(), &env));
@@ -181,7 +191,7 @@ impl Publisher {
 
 /// Run one scenario on a fresh pipeline.
 pub async fn run(s: &Scenario) -> anyhow::Result<Outcome> {
-    let p = start(s.scheduling).await?;
+    let p = start(s.scheduling, s.downstream_max_tuples).await?;
     let client = p.client().await;
     let http = reqwest::Client::builder().no_proxy().build()?;
     let stop_polling = tokio_util::sync::CancellationToken::new();

@@ -10,16 +10,25 @@ use adspend_tests::bench::report::{Samples, Table};
 use crate::Args;
 
 pub(crate) async fn fair_sharing(args: &Args, table: &mut Table) -> anyhow::Result<()> {
-    let surges = [
-        ("flood 10x", Surge::Flood),
-        ("backlog", Surge::Backlog(args.fair_backlog)),
-    ];
+    let mut surges = Vec::new();
+    for name in &args.fair_surges {
+        surges.push(match name.as_str() {
+            "flood" => ("flood 10x", Surge::Flood),
+            "backlog" => ("backlog", Surge::Backlog(args.fair_backlog)),
+            other => anyhow::bail!("--fair-surges: unknown surge {other:?} (flood, backlog)"),
+        });
+    }
     let mut lines = vec![
         "| A's surge | scheduling | source | steady p50 ms | steady p99 ms | surge p50 ms | surge p99 ms | events |".to_string(),
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |".to_string(),
     ];
     for (surge_name, surge) in surges {
-        for scheduling in ["fair", "fifo"] {
+        for scheduling in &args.fair_scheduling {
+            let scheduling = match scheduling.as_str() {
+                "fair" => "fair",
+                "fifo" => "fifo",
+                other => anyhow::bail!("--fair-scheduling: unknown {other:?} (fair, fifo)"),
+            };
             let (mut worst_ratio, mut drain) = (Samples::default(), Samples::default());
             for run in 0..args.runs {
                 let outcome = fair::run(&Scenario {
@@ -29,6 +38,7 @@ pub(crate) async fn fair_sharing(args: &Args, table: &mut Table) -> anyhow::Resu
                     batch: 100,
                     steady: Duration::from_secs(5),
                     surge_for: Duration::from_secs(args.fair_secs),
+                    downstream_max_tuples: args.fair_downstream_max_tuples,
                 })
                 .await?;
                 anyhow::ensure!(

@@ -99,6 +99,16 @@ struct Args {
     /// Seconds of A's surge in the fair section.
     #[arg(long, default_value_t = 10)]
     fair_secs: u64,
+    /// A's surges of the fair section (flood, backlog).
+    #[arg(long, value_delimiter = ',', default_value = "flood,backlog")]
+    fair_surges: Vec<String>,
+    /// The limiter's schedulings compared in the fair section.
+    #[arg(long, value_delimiter = ',', default_value = "fair,fifo")]
+    fair_scheduling: Vec<String>,
+    /// The limiter's ADSPEND_LIMITER_DOWNSTREAM_MAX_TUPLES in the fair
+    /// section (its default when not given).
+    #[arg(long)]
+    fair_downstream_max_tuples: Option<u64>,
     /// Where to write the results table (markdown).
     #[arg(long, default_value = "target/bench/results.md")]
     out: PathBuf,
