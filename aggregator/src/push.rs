@@ -22,6 +22,11 @@ const ENTRIES_PER_PUSH: usize = 10_000;
 /// An empty push at least this often, so the pacer sees the watermark move.
 const HEARTBEAT: Duration = Duration::from_secs(1);
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the applied sequence is reported (when it moved), apart from
+/// the pushes: the limiters' window counts what a report has not yet
+/// covered, so a report every push interval alone would make the queue
+/// look a push interval of tuples longer than it is.
+const PROGRESS_EVERY: Duration = Duration::from_millis(10);
 
 pub struct Pusher {
     pub client: async_nats::Client,
@@ -35,8 +40,8 @@ pub struct Pusher {
     progress: Option<ProgressReport>,
 }
 
-/// The shard's applied sequence for the limiters' flow control, sent on
-/// every tick it moved and at least every [`HEARTBEAT`].
+/// The shard's applied sequence for the limiters' flow control, sent every
+/// [`PROGRESS_EVERY`] it moved and at least every [`HEARTBEAT`].
 struct ProgressReport {
     subject: String,
     partitions: Option<Vec<u32>>,
@@ -86,12 +91,18 @@ impl Pusher {
             .map_err(Error::task("pusher subscription to sums resync requests"))?;
         let mut ticker = tokio::time::interval(self.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut progress = tokio::time::interval(PROGRESS_EVERY.min(self.interval));
+        progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // A pacer that started before us has no state from us yet.
         self.push_full().await;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = ticker.tick() => self.push_changes().await,
+                _ = progress.tick(), if self.progress.is_some() => {
+                    let (seq, _) = self.dirty.position();
+                    self.report_progress(seq).await;
+                }
                 request = resync.next() => {
                     if request.is_some() {
                         self.push_full().await;

@@ -34,11 +34,10 @@ pub const LIMITER_SOURCE_LAG_SECONDS: &str = "adspend_limiter_source_lag_seconds
 /// 1 while the source is held back so that waiting sources get their share.
 pub const LIMITER_SOURCE_HELD_BACK: &str = "adspend_limiter_source_held_back";
 /// Tuples this limiter published to `SPEND` that no aggregator has reported
-/// as applied (the queue behind it; fair scheduling holds backlogs above
-/// `ADSPEND_LIMITER_DOWNSTREAM_MAX_TUPLES`).
+/// as applied (the queue behind it; fair scheduling keeps backlogs within a
+/// window of `ADSPEND_LIMITER_DOWNSTREAM_MAX_TUPLES`).
 pub const LIMITER_DOWNSTREAM_QUEUED_TUPLES: &str = "adspend_limiter_downstream_queued_tuples";
-/// Fair rounds in which some source was held because the aggregators were
-/// behind.
+/// Fair rounds in which the window held a backlog back.
 pub const LIMITER_CONGESTED_ROUNDS_TOTAL: &str = "adspend_limiter_congested_rounds_total";
 // aggregator
 pub const TUPLES_APPLIED_TOTAL: &str = "adspend_aggregator_tuples_applied_total";

@@ -8,9 +8,12 @@
 //! limiter counts, per partition, the tuples it published (stream sequence
 //! from each publish acknowledgement) that no aggregator has reported as
 //! applied (`adspend.progress.<shard>`, [`Progress`], sent by each shard on
-//! every push tick). While that count is above the bound, the scheduler holds
-//! offenders back and lets only the other sources through (see `fair::drr`);
-//! the flooding source goes on at the rate the aggregators apply.
+//! every push tick and every 10 ms it moved). The bound is a window: sources
+//! with a backlog may together take only what is left of it (bound minus
+//! that count, in payload bytes at the bytes per tuple seen so far), and
+//! nothing once it is spent, while the other sources go through (see
+//! `fair::drr`); the flooding source goes on at the rate the aggregators
+//! apply.
 //!
 //! Only this limiter's own tuples are counted, and only once some aggregator
 //! has reported: without reports (an aggregator that does not send them, or
@@ -44,6 +47,8 @@ pub struct Backlog {
     /// Per partition: the highest applied sequence reported.
     applied: Vec<u64>,
     queued: u64,
+    /// Tuples counted since the start.
+    total: u64,
     heard: bool,
 }
 
@@ -53,6 +58,7 @@ impl Backlog {
             published: vec![VecDeque::new(); partitions as usize],
             applied: vec![0; partitions as usize],
             queued: 0,
+            total: 0,
             heard: false,
         }
     }
@@ -76,6 +82,7 @@ impl Backlog {
             _ => queue.push_back((seq, tuples)),
         }
         self.queued += tuples;
+        self.total += tuples;
     }
 
     /// A shard's report: everything of its partitions up to `applied_seq`
@@ -123,6 +130,11 @@ impl Backlog {
     pub fn heard(&self) -> bool {
         self.heard
     }
+
+    /// Tuples counted since the start.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
 }
 
 /// The backlog shared between the publish path, the reports' subscriber
@@ -131,7 +143,8 @@ impl Backlog {
 pub struct Downstream {
     backlog: Arc<Mutex<Backlog>>,
     changed: Arc<Notify>,
-    /// Tuples beyond which offenders are held back; 0 turns it off.
+    /// The window: tuples this limiter may have published and not yet
+    /// applied before backlogs wait; 0 turns it off.
     bound: u64,
 }
 
@@ -196,12 +209,14 @@ impl Downstream {
             .published(partition, seq, tuples);
     }
 
-    /// Whether the aggregators are far enough behind this limiter's output
-    /// that sources with a backlog wait.
-    pub fn congested(&self) -> bool {
+    /// What is left of the window, in tuples, and the tuples published
+    /// since the start (for the scheduler's bytes per tuple); `None` when
+    /// there is no window (turned off, or no aggregator has reported).
+    pub fn window(&self) -> Option<(u64, u64)> {
         let backlog = self.backlog.lock().expect("backlog lock");
         metrics::gauge!(LIMITER_DOWNSTREAM_QUEUED_TUPLES).set(backlog.queued() as f64);
-        self.bound > 0 && backlog.heard() && backlog.queued() > self.bound
+        (self.bound > 0 && backlog.heard())
+            .then(|| (self.bound.saturating_sub(backlog.queued()), backlog.total()))
     }
 
     /// Resolves at the next report.
@@ -289,15 +304,19 @@ mod tests {
     }
 
     #[test]
-    fn congestion_needs_a_report_and_a_bound() {
-        let d = Downstream::new(1, 100);
-        d.published(0, 1, 500);
-        assert!(!d.congested(), "no aggregator has reported yet");
+    fn the_window_needs_a_report_and_a_bound() {
+        let d = Downstream::new(1, 1_000);
+        d.published(0, 1, 300);
+        assert_eq!(d.window(), None, "no aggregator has reported yet");
         d.backlog.lock().unwrap().progress(&all(0));
-        assert!(d.congested());
+        assert_eq!(d.window(), Some((700, 300)));
+        d.published(0, 2, 900);
+        assert_eq!(d.window(), Some((0, 1_200)), "spent, not negative");
+        d.backlog.lock().unwrap().progress(&all(1));
+        assert_eq!(d.window(), Some((100, 1_200)));
         let off = Downstream::new(1, 0);
         off.published(0, 1, 500);
         off.backlog.lock().unwrap().progress(&all(0));
-        assert!(!off.congested(), "a bound of 0 turns it off");
+        assert_eq!(off.window(), None, "a bound of 0 turns it off");
     }
 }

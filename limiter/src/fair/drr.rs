@@ -16,14 +16,16 @@
 //! way the round is work-conserving: capacity left over goes to whoever
 //! still has messages, so an offender drains at the spare capacity.
 //!
-//! The spare capacity is the aggregators', not only the limiter's: while
-//! they are behind this limiter's output by more than a bound (`congested`,
-//! see `crate::downstream`) and sources compete, every source with more
-//! waiting than its quantum (a backlog, not a trickle) is *held*: it gets
-//! nothing this round, so the queue in `SPEND` ahead of the others' tuples
-//! stays short; it goes on as soon as the aggregators catch up. Usage
-//! shares cannot decide this: a held source's usage falls, and a trickle
-//! would soon look like the heavy user.
+//! The spare capacity is the aggregators', not only the limiter's: the
+//! limiter keeps a window on what it has published that they have not
+//! applied yet (`crate::downstream`). While sources compete, every source
+//! with more waiting than its quantum of a round (a backlog, not a trickle)
+//! shares what is left of that window (`window`, in payload bytes) and no
+//! more; with none left it is *held* and gets nothing. So the queue in
+//! `SPEND` ahead of the others' tuples stays short, and the backlog goes on
+//! as fast as the aggregators apply. Usage shares cannot decide this: a
+//! held source's usage falls, and a trickle would soon look like the heavy
+//! user.
 
 use std::cmp::Reverse;
 use std::time::Duration;
@@ -59,9 +61,11 @@ pub struct Plan {
     pub takes: Vec<(usize, u64)>,
     pub intervening: bool,
     pub classes: Vec<Class>,
-    /// Lanes given nothing because the aggregators are behind and they
-    /// have a backlog (see [`hold`]).
+    /// Backlogs under the downstream window this round (see
+    /// [`backlogs`]); given at most their part of it, perhaps nothing.
     pub held: Vec<bool>,
+    /// Whether the window was less than the backlogs could have taken.
+    pub limited: bool,
 }
 
 impl Plan {
@@ -77,13 +81,12 @@ impl Plan {
             .sum()
     }
 
-    /// Lanes held back this round: held lanes, and offenders under
-    /// intervention that were given less than they had waiting.
+    /// Lanes held back this round: given less than they had waiting,
+    /// because of the downstream window or as offenders under intervention.
     pub fn held_back(&self, lane: usize, view: &LaneView) -> bool {
-        self.held[lane]
-            || (self.intervening
-                && self.classes[lane] == Class::Offender
-                && self.take_of(lane) < view.pending)
+        ((self.limited && self.held[lane])
+            || (self.intervening && self.classes[lane] == Class::Offender))
+            && self.take_of(lane) < view.pending
     }
 }
 
@@ -117,38 +120,57 @@ pub fn classify(lanes: &[LaneView], lag_threshold: Duration) -> Vec<Class> {
 #[derive(Debug, Default, Clone)]
 pub struct Deficits(pub Vec<u64>);
 
-/// Lanes to hold when the aggregators are behind (`congested`): with two
-/// or more sources competing, those with more than their quantum of a
-/// round (`capacity / k`) waiting. A single source is never held.
-pub fn hold(lanes: &[LaneView], capacity: u64, congested: bool) -> Vec<bool> {
+/// Lanes the downstream window applies to: with two or more sources
+/// competing, those with more than their quantum of a round
+/// (`capacity / k`) waiting. A single source is never limited.
+pub fn backlogs(lanes: &[LaneView], capacity: u64) -> Vec<bool> {
     let k = competing(lanes) as u64;
     let quantum = capacity / k.max(1);
     lanes
         .iter()
-        .map(|l| congested && k >= 2 && l.pending > quantum)
+        .map(|l| k >= 2 && l.pending > quantum)
         .collect()
 }
 
-/// Decide one round. `congested`: the aggregators are behind this
-/// limiter's output (see [`hold`]). `deficits` is resized to the lanes and
-/// updated.
+/// Decide one round. `window`: payload bytes the backlogs may take
+/// together this round, what is left of the downstream window (`None`: no
+/// window, the aggregators have not reported or it is turned off).
+/// `deficits` is resized to the lanes and updated.
 pub fn plan(
     lanes: &[LaneView],
     capacity: u64,
     lag_threshold: Duration,
-    congested: bool,
+    window: Option<u64>,
     deficits: &mut Deficits,
 ) -> Plan {
     deficits.0.resize(lanes.len(), 0);
     let classes = classify(lanes, lag_threshold);
-    let held = hold(lanes, capacity, congested);
-    let intervening = classes.contains(&Class::Victim) || held.contains(&true);
+    let held = match window {
+        Some(_) => backlogs(lanes, capacity),
+        None => vec![false; lanes.len()],
+    };
+    let mut window_left = window.unwrap_or(u64::MAX);
     let mut given = vec![0u64; lanes.len()];
     let mut left = capacity;
+    // What lane `i` may be given now: the round's room, and for a backlog
+    // the window's.
+    let room = |i: usize, left: u64, window_left: u64| {
+        if held[i] {
+            left.min(window_left)
+        } else {
+            left
+        }
+    };
+    let victims = classes.contains(&Class::Victim);
+    // The window binds when it is less than the backlogs could take.
+    let backlog: u64 = (0..lanes.len())
+        .filter(|&i| held[i])
+        .map(|i| lanes[i].pending)
+        .sum();
+    let limited = backlog > 0 && window_left < backlog.min(capacity);
+    let intervening = victims || limited;
     // Oldest waiting first; ties by lane index so a plan is deterministic.
-    let mut order: Vec<usize> = (0..lanes.len())
-        .filter(|&i| lanes[i].pending > 0 && !held[i])
-        .collect();
+    let mut order: Vec<usize> = (0..lanes.len()).filter(|&i| lanes[i].pending > 0).collect();
     if intervening {
         order.sort_by_key(|&i| (classes[i], Reverse(lanes[i].lag), i));
         let k = competing(lanes).max(1) as u64;
@@ -157,19 +179,28 @@ pub fn plan(
             // A lane's credit never exceeds one chunk: an idle lane cannot
             // bank capacity for a later burst.
             deficits.0[i] = (deficits.0[i] + quantum).min(capacity);
-            let n = deficits.0[i].min(lanes[i].pending).min(left);
+            let n = deficits.0[i]
+                .min(lanes[i].pending)
+                .min(room(i, left, window_left));
             given[i] += n;
             deficits.0[i] -= n;
             left -= n;
+            if held[i] {
+                window_left -= n;
+            }
         }
     } else {
         order.sort_by_key(|&i| (Reverse(lanes[i].lag), i));
     }
-    // Work-conserving: what is left goes to whoever still has messages.
+    // Work-conserving: what is left goes to whoever still has messages and
+    // room in the window.
     for &i in &order {
-        let n = (lanes[i].pending - given[i]).min(left);
+        let n = (lanes[i].pending - given[i]).min(room(i, left, window_left));
         given[i] += n;
         left -= n;
+        if held[i] {
+            window_left -= n;
+        }
     }
     for (i, lane) in lanes.iter().enumerate() {
         if lane.pending == given[i] {
@@ -186,6 +217,7 @@ pub fn plan(
         intervening,
         classes,
         held,
+        limited,
     }
 }
 
@@ -225,7 +257,7 @@ mod tests {
             lane(3, 900, 0.02),
             lane(7, 400, 0.02),
         ];
-        let plan = plan(&lanes, 1_000, LAG, false, &mut Deficits::default());
+        let plan = plan(&lanes, 1_000, LAG, None, &mut Deficits::default());
         assert!(plan.intervening);
         assert_eq!(plan.takes, vec![(1, 3), (2, 7), (0, 990)]);
         assert!(plan.held_back(0, &lanes[0]));
@@ -240,7 +272,7 @@ mod tests {
             lane(3, 100, 0.02),
             lane(4, 180, 0.02),
         ];
-        let plan = plan(&lanes, 1_000, LAG, false, &mut Deficits::default());
+        let plan = plan(&lanes, 1_000, LAG, None, &mut Deficits::default());
         assert!(!plan.intervening);
         assert_eq!(plan.takes, vec![(2, 4), (0, 996)]);
     }
@@ -255,7 +287,7 @@ mod tests {
             lane(10_000, 100, 0.8),
         ];
         let mut deficits = Deficits::default();
-        let plan = plan(&lanes, 900, LAG, false, &mut deficits);
+        let plan = plan(&lanes, 900, LAG, None, &mut deficits);
         assert!(plan.intervening);
         assert_eq!(plan.takes, vec![(1, 300), (0, 300), (2, 300)]);
     }
@@ -270,10 +302,10 @@ mod tests {
             lane(7, 10, 0.1),
             lane(0, 0, 0.1),
         ];
-        let free = plan(&lanes, 1_000, LAG, false, &mut Deficits::default());
+        let free = plan(&lanes, 1_000, LAG, None, &mut Deficits::default());
         assert!(!free.intervening);
         assert_eq!(free.takes, vec![(0, 1_000)]);
-        let held = plan(&lanes, 1_000, LAG, true, &mut Deficits::default());
+        let held = plan(&lanes, 1_000, LAG, Some(0), &mut Deficits::default());
         assert!(held.intervening);
         assert_eq!(held.held, vec![true, false, false, false]);
         assert_eq!(held.takes, vec![(1, 3), (2, 7)]);
@@ -282,15 +314,31 @@ mod tests {
     }
 
     #[test]
+    fn a_backlog_takes_what_is_left_of_the_window() {
+        let lanes = [lane(50_000, 80, 0.7), lane(3, 20, 0.1), lane(7, 10, 0.1)];
+        // A window larger than the round limits nothing: oldest first.
+        let wide = plan(&lanes, 1_000, LAG, Some(5_000), &mut Deficits::default());
+        assert!(!wide.intervening);
+        assert_eq!(wide.takes, vec![(0, 1_000)]);
+        assert!(!wide.held_back(0, &lanes[0]));
+        // 400 bytes left: A gets them, the trickles all they have.
+        let narrow = plan(&lanes, 1_000, LAG, Some(400), &mut Deficits::default());
+        assert!(narrow.intervening);
+        assert_eq!(narrow.take_of(0), 400);
+        assert_eq!((narrow.take_of(1), narrow.take_of(2)), (3, 7));
+        assert!(narrow.held_back(0, &lanes[0]));
+    }
+
+    #[test]
     fn congestion_holds_no_single_source_and_no_trickle() {
         // One source: nobody to be fair to, it goes on.
         let one = [lane(50_000, 500, 1.0)];
-        let plan1 = plan(&one, 1_000, LAG, true, &mut Deficits::default());
+        let plan1 = plan(&one, 1_000, LAG, Some(0), &mut Deficits::default());
         assert_eq!(plan1.takes, vec![(0, 1_000)]);
         // Trickles within their quantum (500 each) go on, whatever their
         // usage: the held backlog's usage falls and theirs rises.
         let trickles = [lane(400, 50, 0.9), lane(500, 60, 0.1)];
-        let plan2 = plan(&trickles, 1_000, LAG, true, &mut Deficits::default());
+        let plan2 = plan(&trickles, 1_000, LAG, Some(0), &mut Deficits::default());
         assert_eq!(plan2.total(), 900);
         assert!(!plan2.intervening);
     }
@@ -319,7 +367,7 @@ mod tests {
         ) {
             let mut deficits = Deficits::default();
             for _ in 0..rounds {
-                let plan = plan(&lanes, capacity, LAG, false, &mut deficits);
+                let plan = plan(&lanes, capacity, LAG, None, &mut deficits);
                 let mut seen = std::collections::BTreeSet::new();
                 for &(i, n) in &plan.takes {
                     prop_assert!(seen.insert(i), "lane {} listed twice", i);
@@ -339,7 +387,7 @@ mod tests {
             lanes in lanes_strategy(),
             capacity in 1u64..3_000,
         ) {
-            let plan = plan(&lanes, capacity, LAG, true, &mut Deficits::default());
+            let plan = plan(&lanes, capacity, LAG, Some(0), &mut Deficits::default());
             let k = competing(&lanes) as u64;
             let mut free = 0;
             for (i, l) in lanes.iter().enumerate() {
@@ -354,6 +402,25 @@ mod tests {
             prop_assert_eq!(plan.total(), free.min(capacity));
         }
 
+        /// Whatever the window, the backlogs together stay within it, and
+        /// the round is work-conserving within it.
+        #[test]
+        fn windowed_plans_keep_backlogs_within_the_window(
+            lanes in lanes_strategy(),
+            capacity in 1u64..3_000,
+            window in 0u64..6_000,
+        ) {
+            let plan = plan(&lanes, capacity, LAG, Some(window), &mut Deficits::default());
+            let backlog: u64 = (0..lanes.len()).filter(|&i| plan.held[i]).map(|i| plan.take_of(i)).sum();
+            prop_assert!(backlog <= window);
+            let free: u64 = (0..lanes.len()).filter(|&i| !plan.held[i]).map(|i| lanes[i].pending).sum();
+            let limited: u64 = (0..lanes.len()).filter(|&i| plan.held[i]).map(|i| lanes[i].pending).sum();
+            prop_assert_eq!(plan.total(), (free + limited.min(window)).min(capacity));
+            for &(i, n) in &plan.takes {
+                prop_assert!(n > 0 && n <= lanes[i].pending);
+            }
+        }
+
         /// Under intervention every victim gets at least its quantum (or all
         /// it has) before any offender gets a message.
         #[test]
@@ -361,7 +428,7 @@ mod tests {
             lanes in lanes_strategy(),
             capacity in 1u64..3_000,
         ) {
-            let plan = plan(&lanes, capacity, LAG, false, &mut Deficits::default());
+            let plan = plan(&lanes, capacity, LAG, None, &mut Deficits::default());
             let k = competing(&lanes).max(1) as u64;
             let quantum = (capacity / k).max(1);
             let victims: Vec<usize> = (0..lanes.len()).filter(|&i| plan.classes[i] == Class::Victim).collect();

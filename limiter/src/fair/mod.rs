@@ -125,6 +125,8 @@ pub struct Scheduler {
     intervening: bool,
     /// What the aggregators have not applied of this limiter's output.
     downstream: Downstream,
+    /// Payload bytes taken since the start.
+    bytes_taken: u64,
 }
 
 /// What woke the scheduler up.
@@ -196,6 +198,7 @@ impl Scheduler {
             published: now,
             intervening: false,
             downstream,
+            bytes_taken: 0,
         };
         let takeover = lanes::takeover_from_fifo(stream, &config.consumer).await;
         for source in initial {
@@ -344,15 +347,22 @@ impl Scheduler {
     fn take_round(&mut self) -> Vec<PullMessage> {
         let now = Instant::now();
         let views = self.refresh(now);
-        let congested = self.downstream.congested();
+        // The window in payload bytes, at the bytes per tuple seen so far
+        // (none before anything was published).
+        let window = self.downstream.window().and_then(|(tuples, total)| {
+            (total > 0).then(|| {
+                let per_tuple = self.bytes_taken as f64 / total as f64;
+                (tuples as f64 * per_tuple) as u64
+            })
+        });
         let plan = drr::plan(
             &views,
             ROUND_BYTES,
             self.lag_threshold,
-            congested,
+            window,
             &mut self.deficits,
         );
-        if plan.held.contains(&true) {
+        if (0..views.len()).any(|i| plan.held[i] && plan.held_back(i, &views[i])) {
             metrics::counter!(adspend_common::telemetry::LIMITER_CONGESTED_ROUNDS_TOTAL)
                 .increment(1);
         }
@@ -373,6 +383,7 @@ impl Scheduler {
             }
             chunk_bytes += self.take(i, room, &mut chunk, now);
         }
+        self.bytes_taken += chunk_bytes;
         for (i, lane) in self.lanes.iter_mut().enumerate() {
             lane.held_back = plan.held_back(i, &views[i]);
         }

@@ -112,9 +112,10 @@ impl DeltaBench {
             // `interval_ids` more are applied, and the delta on top of the
             // base is measured while it keeps applying.
             hot.next_seq = next_seq;
-            // Enough for the 1.5 s warm-up at up to 4M tuples/s and the
-            // interval, with room after.
-            let tuples = 6_000_000 + 3 * self.interval_ids;
+            // Enough for the 1.5 s warm-up at up to 8M tuples/s and the
+            // interval, with room after (4M/s ran out once, on an idle
+            // machine).
+            let tuples = 12_000_000 + 3 * self.interval_ids;
             let groups: Vec<Vec<Incoming>> = (0..tuples.div_ceil(state::TUPLES_PER_MESSAGE * 10))
                 .map(|_| hot.group())
                 .collect();

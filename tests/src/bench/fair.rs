@@ -47,9 +47,9 @@ pub struct Scenario {
     pub batch: usize,
     pub steady: Duration,
     pub surge_for: Duration,
-    /// The limiter's `ADSPEND_LIMITER_DOWNSTREAM_MAX_TUPLES`; its default
-    /// when `None`.
-    pub downstream_max_tuples: Option<u64>,
+    /// Settings for the limiter besides the scheduling (`ADSPEND_*` name,
+    /// value), to compare tunings on the same traffic.
+    pub limiter_env: Vec<(String, String)>,
 }
 
 /// Freshness (seconds) of one source's messages, per phase.
@@ -96,10 +96,7 @@ pub fn catalog() -> Catalog {
     catalog
 }
 
-pub async fn start(
-    scheduling: &str,
-    downstream_max_tuples: Option<u64>,
-) -> anyhow::Result<Pipeline> {
+pub async fn start(scheduling: &str, limiter_env: &[(String, String)]) -> anyhow::Result<Pipeline> {
     let options = NatsOptions {
         lazy_sync: true,
         ..NatsOptions::default()
@@ -107,12 +104,10 @@ pub async fn start(
     let mut p = Pipeline::start_with(Backends::default(), options, catalog()).await;
     let mut env: Vec<(&str, &str)> = super::e2e::SERVICE_ENV.to_vec();
     env.push(("ADSPEND_LIMITER_SCHEDULING", scheduling));
-    let bound = downstream_max_tuples.map(|n| n.to_string());
-    if let Some(bound) = &bound {
-        env.push(("ADSPEND_LIMITER_DOWNSTREAM_MAX_TUPLES", bound));
-    }
     p.aggregator = Some(p.spawn_with("aggregator", free_port(), &env));
-    p.limiter = Some(p.spawn_with("limiter", free_port(), &env));
+    let mut limiter = env.clone();
+    limiter.extend(limiter_env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    p.limiter = Some(p.spawn_with("limiter", free_port(), &limiter));
     p.pacer = Some(p.spawn_with("pacer", free_port(), &env));
     p.wait_pacer().await;
     crate::sim::ensure_stream(&p.client().await).await?;
@@ -191,8 +186,7 @@ impl Publisher {
 
 /// Run one scenario on a fresh pipeline.
 pub async fn run(s: &Scenario) -> anyhow::Result<Outcome> {
-    let p = start(s.scheduling, s.downstream_max_tuples).await?;
-    let client = p.client().await;
+    let p = start(s.scheduling, &s.limiter_env).await?;
     let http = reqwest::Client::builder().no_proxy().build()?;
     let stop_polling = tokio_util::sync::CancellationToken::new();
     let polls: Polls = Default::default();
@@ -236,8 +230,11 @@ pub async fn run(s: &Scenario) -> anyhow::Result<Outcome> {
     for source in SOURCES {
         let sent = Arc::new(Mutex::new(Sent::default()));
         sents.insert(source, sent.clone());
+        // A connection of its own per source, as separate exchanges' ad
+        // servers have: on one shared connection the others' messages
+        // would queue behind A's backlog in the client before NATS saw them.
         let mut publisher = Publisher {
-            js: jetstream::new(client.clone()),
+            js: jetstream::new(p.client().await),
             source,
             sent,
             next_id: 0,

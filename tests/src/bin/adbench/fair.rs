@@ -38,7 +38,7 @@ pub(crate) async fn fair_sharing(args: &Args, table: &mut Table) -> anyhow::Resu
                     batch: 100,
                     steady: Duration::from_secs(5),
                     surge_for: Duration::from_secs(args.fair_secs),
-                    downstream_max_tuples: args.fair_downstream_max_tuples,
+                    limiter_env: args.fair_limiter_env.clone(),
                 })
                 .await?;
                 anyhow::ensure!(
@@ -72,10 +72,13 @@ pub(crate) async fn fair_sharing(args: &Args, table: &mut Table) -> anyhow::Resu
                 worst_ratio.push(ratio);
                 drain.push(outcome.a_drain_secs);
             }
-            let note = format!(
+            let mut note = format!(
                 "A–E at {} events/s each, 100 events/message; A {surge_name}; limiter {scheduling}",
                 args.fair_rate
             );
+            for (name, value) in &args.fair_limiter_env {
+                note.push_str(&format!(", {name}={value}"));
+            }
             table.add(
                 format!(
                     "fair sharing: B–E p99 freshness, surge / steady ({surge_name}, {scheduling})"

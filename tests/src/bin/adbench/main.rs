@@ -105,10 +105,10 @@ struct Args {
     /// The limiter's schedulings compared in the fair section.
     #[arg(long, value_delimiter = ',', default_value = "fair,fifo")]
     fair_scheduling: Vec<String>,
-    /// The limiter's ADSPEND_LIMITER_DOWNSTREAM_MAX_TUPLES in the fair
-    /// section (its default when not given).
-    #[arg(long)]
-    fair_downstream_max_tuples: Option<u64>,
+    /// Limiter settings for the fair section, `NAME=value` (for example
+    /// `ADSPEND_LIMITER_FAIR_LAG_MS=50`); the defaults otherwise.
+    #[arg(long, value_delimiter = ',', value_parser = name_value)]
+    fair_limiter_env: Vec<(String, String)>,
     /// Where to write the results table (markdown).
     #[arg(long, default_value = "target/bench/results.md")]
     out: PathBuf,
@@ -179,4 +179,14 @@ fn scratch(args: &Args, name: &str) -> anyhow::Result<tempfile::TempDir> {
         .prefix(name)
         .tempdir_in(&args.scratch)
         .context("scratch directory")
+}
+
+/// `NAME=value` of an `ADSPEND_*` setting.
+fn name_value(arg: &str) -> Result<(String, String), String> {
+    match arg.split_once('=') {
+        Some((name, value)) if name.starts_with("ADSPEND_") => {
+            Ok((name.to_string(), value.to_string()))
+        }
+        _ => Err(format!("expected ADSPEND_<NAME>=<value>, got {arg:?}")),
+    }
 }
