@@ -116,7 +116,6 @@ impl Pusher {
 
     async fn push_changes(&mut self) {
         let (entries, seq, watermark_ms, source_ms) = self.dirty.take();
-        self.report_progress(seq).await;
         if entries.is_empty() && self.last_push.elapsed() < HEARTBEAT {
             return;
         }

@@ -9,26 +9,41 @@ use adspend_tests::bench::report::{Samples, Table};
 
 use crate::Args;
 
-pub(crate) async fn fair_sharing(args: &Args, table: &mut Table) -> anyhow::Result<()> {
-    let mut surges = Vec::new();
-    for name in &args.fair_surges {
-        surges.push(match name.as_str() {
-            "flood" => ("flood 10x", Surge::Flood),
-            "backlog" => ("backlog", Surge::Backlog(args.fair_backlog)),
-            other => anyhow::bail!("--fair-surges: unknown surge {other:?} (flood, backlog)"),
-        });
+/// A's surge in the fair section (`--fair-surges`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum FairSurge {
+    Flood,
+    Backlog,
+}
+
+/// The limiter's scheduling (`--fair-scheduling`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Scheduling {
+    Fair,
+    Fifo,
+}
+
+impl Scheduling {
+    /// The value of `ADSPEND_LIMITER_SCHEDULING`.
+    fn as_str(self) -> &'static str {
+        match self {
+            Scheduling::Fair => "fair",
+            Scheduling::Fifo => "fifo",
+        }
     }
+}
+
+pub(crate) async fn fair_sharing(args: &Args, table: &mut Table) -> anyhow::Result<()> {
+    let surges = args.fair_surges.iter().map(|surge| match surge {
+        FairSurge::Flood => ("flood 10x", Surge::Flood),
+        FairSurge::Backlog => ("backlog", Surge::Backlog(args.fair_backlog)),
+    });
     let mut lines = vec![
         "| A's surge | scheduling | source | steady p50 ms | steady p99 ms | surge p50 ms | surge p99 ms | events |".to_string(),
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |".to_string(),
     ];
     for (surge_name, surge) in surges {
-        for scheduling in &args.fair_scheduling {
-            let scheduling = match scheduling.as_str() {
-                "fair" => "fair",
-                "fifo" => "fifo",
-                other => anyhow::bail!("--fair-scheduling: unknown {other:?} (fair, fifo)"),
-            };
+        for scheduling in args.fair_scheduling.iter().map(|s| s.as_str()) {
             let (mut worst_ratio, mut drain) = (Samples::default(), Samples::default());
             for run in 0..args.runs {
                 let outcome = fair::run(&Scenario {

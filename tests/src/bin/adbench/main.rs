@@ -99,12 +99,17 @@ struct Args {
     /// Seconds of A's surge in the fair section.
     #[arg(long, default_value_t = 10)]
     fair_secs: u64,
-    /// A's surges of the fair section (flood, backlog).
-    #[arg(long, value_delimiter = ',', default_value = "flood,backlog")]
-    fair_surges: Vec<String>,
+    /// A's surges of the fair section.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "flood,backlog"
+    )]
+    fair_surges: Vec<fair::FairSurge>,
     /// The limiter's schedulings compared in the fair section.
-    #[arg(long, value_delimiter = ',', default_value = "fair,fifo")]
-    fair_scheduling: Vec<String>,
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "fair,fifo")]
+    fair_scheduling: Vec<fair::Scheduling>,
     /// Limiter settings for the fair section, `NAME=value` (for example
     /// `ADSPEND_LIMITER_FAIR_LAG_MS=50`); the defaults otherwise.
     #[arg(long, value_delimiter = ',', value_parser = name_value)]
