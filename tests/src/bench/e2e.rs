@@ -42,13 +42,16 @@ pub async fn start(
     durable: bool,
     backends: Backends,
 ) -> anyhow::Result<Pipeline> {
-    Ok(start_with_ports(catalog, durable, backends).await?.0)
+    Ok(start_with_ports(catalog, durable, backends, &[]).await?.0)
 }
 
+/// [`start`], with `extra` settings for every service on top of
+/// [`SERVICE_ENV`]; also returns the services' metrics ports.
 pub async fn start_with_ports(
     catalog: Catalog,
     durable: bool,
     backends: Backends,
+    extra: &[(String, String)],
 ) -> anyhow::Result<(Pipeline, Ports)> {
     let options = NatsOptions {
         lazy_sync: !durable,
@@ -58,10 +61,16 @@ pub async fn start_with_ports(
         limiter: free_port(),
         aggregator: free_port(),
     };
+    let mut env: Vec<(&str, &str)> = SERVICE_ENV
+        .iter()
+        .filter(|(k, _)| !extra.iter().any(|(e, _)| e == k))
+        .copied()
+        .collect();
+    env.extend(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     let mut p = Pipeline::start_with(backends, options, catalog).await;
-    p.aggregator = Some(p.spawn_with("aggregator", ports.aggregator, SERVICE_ENV));
-    p.limiter = Some(p.spawn_with("limiter", ports.limiter, SERVICE_ENV));
-    p.pacer = Some(p.spawn_with("pacer", free_port(), SERVICE_ENV));
+    p.aggregator = Some(p.spawn_with("aggregator", ports.aggregator, &env));
+    p.limiter = Some(p.spawn_with("limiter", ports.limiter, &env));
+    p.pacer = Some(p.spawn_with("pacer", free_port(), &env));
     p.wait_pacer().await;
     sim::ensure_stream(&p.client().await).await?;
     Ok((p, ports))
@@ -183,6 +192,8 @@ pub struct Freshness {
     pub p99_ms: f64,
     pub pushes: u64,
     pub events_per_sec: f64,
+    /// The stages before the aggregator, over the same interval.
+    pub stages: super::stages::Stages,
 }
 
 pub async fn freshness(
@@ -216,13 +227,18 @@ pub async fn freshness(
             async move { sim::run(&client, &config, &catalog, CancellationToken::new()).await },
         )
     };
+    let watch = super::stages::PushWatch::start(&client).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before = scrape_histogram(&http, &metrics_url).await?;
-    let measured = Instant::now();
+    let from = std::time::SystemTime::now();
     let truth = run.await.context("simulator task")??;
+    let until = std::time::SystemTime::now();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = scrape_histogram(&http, &metrics_url).await?;
-    let _ = measured;
+    let pushes = watch
+        .finish(from, until + Duration::from_millis(500))
+        .await?;
+    let stages = super::stages::read_back(&client, from, until, pushes).await?;
     let delta: Vec<(f64, u64)> = after
         .iter()
         .map(|(le, n)| {
@@ -237,6 +253,7 @@ pub async fn freshness(
         p99_ms: quantile(&delta, 0.99) * 1000.0,
         pushes: delta.last().map_or(0, |(_, n)| *n),
         events_per_sec: truth.stats.events_per_sec,
+        stages,
     })
 }
 

@@ -9,5 +9,6 @@ pub mod pacing;
 pub mod peers;
 pub mod recovery;
 pub mod report;
+pub mod stages;
 pub mod state;
 pub mod workload;

@@ -45,6 +45,7 @@ pub async fn run(ads: u32, events: u64, batch: usize, runs: usize) -> anyhow::Re
             etcd: true,
             s3: true,
         },
+        &[],
     )
     .await?;
     let client = p.client().await;

@@ -23,7 +23,13 @@ pub(crate) async fn end_to_end(args: &Args, table: &mut Table) -> anyhow::Result
         let (mut rates, mut p50, mut p99) =
             (Samples::default(), Samples::default(), Samples::default());
         for run in 0..args.runs {
-            let p = e2e::start(catalog.clone(), durable, Backends::default()).await?;
+            let (p, _) = e2e::start_with_ports(
+                catalog.clone(),
+                durable,
+                Backends::default(),
+                &args.e2e_service_env,
+            )
+            .await?;
             let result = e2e::sustained(
                 &p,
                 Duration::from_secs(args.e2e_secs),
@@ -45,7 +51,13 @@ pub(crate) async fn end_to_end(args: &Args, table: &mut Table) -> anyhow::Result
             drop(p);
             // A fresh pipeline, so the state (and each checkpoint's size) is
             // what the half-rate run builds, not what the full-rate run left.
-            let p = e2e::start(catalog.clone(), durable, Backends::default()).await?;
+            let (p, _) = e2e::start_with_ports(
+                catalog.clone(),
+                durable,
+                Backends::default(),
+                &args.e2e_service_env,
+            )
+            .await?;
             let half = result.events_per_sec / 2.0;
             let fresh = e2e::freshness(
                 &p,
@@ -63,13 +75,35 @@ pub(crate) async fn end_to_end(args: &Args, table: &mut Table) -> anyhow::Result
                 fresh.p99_ms,
                 fresh.pushes
             );
+            println!(
+                "bench:     into IMPRESSIONS (oldest ts -> stored): {}",
+                fresh.stages.impressions.summary()
+            );
+            println!(
+                "bench:     into SPEND (source -> stored): {}",
+                fresh.stages.spend.summary()
+            );
+            println!(
+                "bench:     pushes (source -> received beside the pacer): {}",
+                fresh.stages.pushes.summary()
+            );
+            if let Some(dir) = &args.e2e_stages_csv {
+                std::fs::create_dir_all(dir)?;
+                let kind = if durable { "durable" } else { "default-sync" };
+                let path = dir.join(format!("freshness-{kind}-{run}.csv"));
+                std::fs::write(&path, fresh.stages.csv())?;
+                println!("bench:     delays written to {}", path.display());
+            }
             p50.push(fresh.p50_ms);
             p99.push(fresh.p99_ms);
         }
-        let note = format!(
+        let mut note = format!(
             "{} s sustained, NDJSON {} events/message, 5% duplicates, {setting}",
             args.e2e_secs, args.batch
         );
+        for (name, value) in &args.e2e_service_env {
+            note.push_str(&format!(", {name}={value}"));
+        }
         // Issue 10's targets: the rate durable, the freshness in both sync
         // settings.
         let rate_target = durable.then_some(Target {

@@ -51,6 +51,14 @@ struct Args {
     /// Seconds of each sustained end-to-end run.
     #[arg(long, default_value_t = 60)]
     e2e_secs: u64,
+    /// Write each freshness run's delays, stage by stage and message by
+    /// message (`stage,unix_ms,delay_ms`), into this folder.
+    #[arg(long)]
+    e2e_stages_csv: Option<std::path::PathBuf>,
+    /// Settings for every service of the end-to-end runs, on top of the
+    /// contract's defaults (e.g. `ADSPEND_PUSH_INTERVAL_MS=20`).
+    #[arg(long, value_delimiter = ',', value_parser = name_value)]
+    e2e_service_env: Vec<(String, String)>,
     /// Events per NDJSON message in the end-to-end and peer runs.
     #[arg(long, default_value_t = 1000)]
     batch: usize,

@@ -1,0 +1,278 @@
+//! Where a freshness measurement's time went, read back from what the
+//! streams stored: each stored message carries JetStream's timestamp of
+//! when it was stored, and its payload says when its spend began (the
+//! impressions' `ts`, the spend batch's `source_ms`). Two stages come out:
+//! - into `IMPRESSIONS`: an input message's oldest `ts` → stored (the ad
+//!   server's queue and NATS's ingest, fsync included);
+//! - into `SPEND`: a spend message's `source_ms` → stored (the above, plus
+//!   the limiter's wait, work and its own publish).
+//!
+//! A third series is the pushes themselves, as a subscriber beside the
+//! pacer receives them: `source_ms` of a push → received, the quantity the
+//! pacer's freshness histogram counts, here with the time of each.
+
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context as _;
+use async_nats::jetstream::{
+    self,
+    consumer::{pull::OrderedConfig, DeliverPolicy},
+};
+use futures::StreamExt;
+
+use adspend_common::codec::decode_spend;
+use adspend_common::nats::{IMPRESSIONS_STREAM, SPEND_STREAM};
+use adspend_common::types::SpendMessage;
+
+/// `(when, delay)` in unix ms of each message one stage stored (or
+/// received) in the interval.
+#[derive(Debug, Clone, Default)]
+pub struct Delays(Vec<(i64, i64)>);
+
+impl Delays {
+    pub fn series(&self) -> &[(i64, i64)] {
+        &self.0
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The `q` quantile (nearest rank), `None` when nothing was stored.
+    pub fn quantile(&self, q: f64) -> Option<i64> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let mut sorted: Vec<i64> = self.0.iter().map(|&(_, d)| d).collect();
+        sorted.sort_unstable();
+        let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+        Some(sorted[rank - 1])
+    }
+
+    /// "p50 12 ms, p99 40 ms, max 70 ms over 9,000 messages".
+    pub fn summary(&self) -> String {
+        match (self.quantile(0.5), self.quantile(0.99), self.quantile(1.0)) {
+            (Some(p50), Some(p99), Some(max)) => format!(
+                "p50 {p50} ms, p99 {p99} ms, max {max} ms over {} messages",
+                self.0.len()
+            ),
+            _ => "no messages".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Stages {
+    /// Input message: oldest impression `ts` → stored in `IMPRESSIONS`.
+    pub impressions: Delays,
+    /// Spend message: `source_ms` → stored in `SPEND`.
+    pub spend: Delays,
+    /// Push with new spend: `source_ms` → received beside the pacer.
+    pub pushes: Delays,
+}
+
+impl Stages {
+    /// Every delay as CSV lines `stage,unix_ms,delay_ms`, header first.
+    pub fn csv(&self) -> String {
+        let mut out = String::from("stage,unix_ms,delay_ms\n");
+        for (stage, delays) in [
+            ("impressions", &self.impressions),
+            ("spend", &self.spend),
+            ("pushes", &self.pushes),
+        ] {
+            for (at, delay) in delays.series() {
+                out.push_str(&format!("{stage},{at},{delay}\n"));
+            }
+        }
+        out
+    }
+}
+
+/// Receives the aggregators' pushes from now until [`PushWatch::finish`],
+/// timing each push with new spend as the pacer does.
+pub struct PushWatch {
+    task: tokio::task::JoinHandle<Vec<(i64, i64)>>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl PushWatch {
+    pub async fn start(client: &async_nats::Client) -> anyhow::Result<Self> {
+        let subject = format!("{}.>", adspend_common::nats::SUMS_SUBJECT_PREFIX);
+        let mut subscription = client
+            .subscribe(subject)
+            .await
+            .context("subscribing to the sums pushes")?;
+        let stop = tokio_util::sync::CancellationToken::new();
+        let cancel = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut pushes = Vec::new();
+            loop {
+                let message = tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    message = subscription.next() => match message {
+                        Some(m) => m,
+                        None => break,
+                    },
+                };
+                let now = adspend_common::now_ms();
+                if let Ok(update) = adspend_common::codec::decode_sums(&message.payload) {
+                    if !update.full && !update.entries.is_empty() && update.source_ms > 0 {
+                        pushes.push((now, now - update.source_ms));
+                    }
+                }
+            }
+            pushes
+        });
+        Ok(PushWatch { task, stop })
+    }
+
+    /// The pushes received in `[from, until)`.
+    pub async fn finish(self, from: SystemTime, until: SystemTime) -> anyhow::Result<Delays> {
+        self.stop.cancel();
+        let (from, until) = (unix_ms(from), unix_ms(until));
+        let pushes = self.task.await.context("push watch task")?;
+        Ok(Delays(
+            pushes
+                .into_iter()
+                .filter(|&(at, _)| (from..until).contains(&at))
+                .collect(),
+        ))
+    }
+}
+
+/// Reads back the messages `IMPRESSIONS` and `SPEND` stored in
+/// `[from, until)` and times both stages for each; `pushes` is what a
+/// [`PushWatch`] received over the same interval.
+pub async fn read_back(
+    client: &async_nats::Client,
+    from: SystemTime,
+    until: SystemTime,
+    pushes: Delays,
+) -> anyhow::Result<Stages> {
+    let js = jetstream::new(client.clone());
+    let impressions = read_stream(&js, IMPRESSIONS_STREAM, from, until, |payload| {
+        oldest_ts(payload)
+    })
+    .await?;
+    let spend = read_stream(
+        &js,
+        SPEND_STREAM,
+        from,
+        until,
+        |payload| match decode_spend(payload) {
+            Ok(SpendMessage::Batch(batch)) => Some(batch.source_ms),
+            _ => None,
+        },
+    )
+    .await?;
+    Ok(Stages {
+        impressions,
+        spend,
+        pushes,
+    })
+}
+
+/// Stored time − `began(payload)` of every message stored in the interval
+/// (messages for which `began` is `None`, such as checkpoint markers, are
+/// skipped).
+async fn read_stream(
+    js: &jetstream::Context,
+    name: &str,
+    from: SystemTime,
+    until: SystemTime,
+    began: impl Fn(&[u8]) -> Option<i64>,
+) -> anyhow::Result<Delays> {
+    let mut stream = js
+        .get_stream(name)
+        .await
+        .with_context(|| format!("stream {name}"))?;
+    let last = stream.info().await?.state.last_sequence;
+    let until_ms = unix_ms(until);
+    let consumer = stream
+        .create_consumer(OrderedConfig {
+            deliver_policy: DeliverPolicy::ByStartTime {
+                start_time: time::OffsetDateTime::from(from),
+            },
+            ..OrderedConfig::default()
+        })
+        .await
+        .with_context(|| format!("ordered consumer on {name}"))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .with_context(|| format!("reading {name}"))?;
+    let mut delays = Vec::new();
+    loop {
+        let Ok(next) = tokio::time::timeout(Duration::from_secs(5), messages.next()).await else {
+            // Nothing stored at or after `from`: the consumer has nothing
+            // to deliver.
+            break;
+        };
+        let message = next.with_context(|| format!("{name} ended early"))??;
+        let info = message
+            .info()
+            .map_err(|e| anyhow::anyhow!("{name} message without info: {e}"))?;
+        let stored_ms = (info.published.unix_timestamp_nanos() / 1_000_000) as i64;
+        let sequence = info.stream_sequence;
+        if stored_ms >= until_ms {
+            break;
+        }
+        if let Some(began) = began(&message.payload) {
+            delays.push((stored_ms, stored_ms - began));
+        }
+        if sequence >= last {
+            break;
+        }
+    }
+    Ok(Delays(delays))
+}
+
+/// The oldest `"ts":` of an NDJSON message of impressions.
+fn oldest_ts(payload: &[u8]) -> Option<i64> {
+    const KEY: &[u8] = b"\"ts\":";
+    payload
+        .split(|&b| b == b'\n')
+        .filter_map(|line| {
+            let at = line.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+            let digits: Vec<u8> = line[at..]
+                .iter()
+                .copied()
+                .skip_while(u8::is_ascii_whitespace)
+                .take_while(u8::is_ascii_digit)
+                .collect();
+            std::str::from_utf8(&digits).ok()?.parse().ok()
+        })
+        .min()
+}
+
+fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oldest_ts_of_a_message() {
+        let payload = b"{\"id\":\"a\",\"ad_id\":\"x\",\"cost_micros\":5,\"ts\":1700000000500}\n\
+{\"id\":\"b\",\"ad_id\":\"x\",\"cost_micros\":5,\"ts\": 1700000000100}\n\
+{\"id\":\"c\",\"ad_id\":\"x\"}";
+        assert_eq!(oldest_ts(payload), Some(1_700_000_000_100));
+        assert_eq!(oldest_ts(b"not json"), None);
+    }
+
+    #[test]
+    fn quantiles_by_nearest_rank() {
+        let d = Delays((1..=100).rev().map(|d| (0, d)).collect());
+        assert_eq!(d.quantile(0.5), Some(50));
+        assert_eq!(d.quantile(0.99), Some(99));
+        assert_eq!(d.quantile(1.0), Some(100));
+        assert_eq!(Delays::default().quantile(0.5), None);
+    }
+}
