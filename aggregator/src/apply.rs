@@ -216,6 +216,10 @@ impl Writer {
         if result.is_err() {
             self.ids = dedupe::load(&self.store)?;
             self.last_marker = last_marker;
+        } else {
+            // Between groups: the set's doublings, a few at a time.
+            self.ids
+                .grow_ahead(usize::try_from(self.dedupe.max_ids).unwrap_or(usize::MAX));
         }
         result
     }

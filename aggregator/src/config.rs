@@ -99,7 +99,7 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub dedupe_max_ids: u64,
     /// Interval between pushes of changed sums to the pacer, milliseconds.
-    #[arg(long, env = env::PUSH_INTERVAL_MS, default_value_t = 50,
+    #[arg(long, env = env::PUSH_INTERVAL_MS, default_value_t = 20,
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub push_interval_ms: u64,
     /// Older snapshots kept besides the newest.

@@ -3,6 +3,7 @@
 //! environment). Uploads are multipart, so an object is complete or absent;
 //! on a local filesystem the result is also fsynced. Every transfer computes
 //! an xxh3-128 checksum on the way.
+//! Local files (`file://` objects, downloads) are written by [`local`].
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,6 +15,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use adspend_common::env;
 use adspend_common::error::{Error, Result};
+
+mod local;
+
+use local::{copy_into_local, copy_local, write_local};
 
 const CHUNK: usize = 8 * 1024 * 1024;
 
@@ -124,31 +129,40 @@ impl SnapshotStore {
         let mut checksum = Checksum::default();
         checksum.update(&bytes);
         let size = bytes.len() as u64;
-        self.store
-            .put(&path, bytes.into())
+        if let Some(dest) = self.local_path(&path) {
+            let written = dest.clone();
+            tokio::task::spawn_blocking(move || {
+                write_local(&dest, |out| {
+                    bytes.chunks(CHUNK).try_for_each(|piece| out.write(piece))
+                })
+            })
             .await
-            .map_err(self.err("upload", key))?;
-        self.sync_local(&path)?;
+            .map_err(|e| Error::io("write", &written)(std::io::Error::other(e)))??;
+        } else {
+            self.store
+                .put(&path, bytes.into())
+                .await
+                .map_err(self.err("upload", key))?;
+        }
         Ok((size, checksum.finish()))
     }
 
-    /// On `file://`, fsync what was written at `path` and its directory.
-    fn sync_local(&self, path: &ObjectPath) -> Result<()> {
-        if let Some(root) = &self.local_root {
-            let written = root.join(path.as_ref());
-            std::fs::File::open(&written)
-                .and_then(|f| f.sync_all())
-                .map_err(Error::io("fsync", &written))?;
-            if let Some(parent) = written.parent() {
-                crate::record::fsync_dir(parent)?;
-            }
-        }
-        Ok(())
+    /// Where the object at `path` lives on a `file://` store.
+    fn local_path(&self, path: &ObjectPath) -> Option<PathBuf> {
+        self.local_root
+            .as_ref()
+            .map(|root| root.join(path.as_ref()))
     }
 
     /// Upload a local file as `key`; returns (size, checksum).
     pub async fn upload(&self, key: &str, file: &Path) -> Result<(u64, String)> {
         let path = self.path(key);
+        if let Some(dest) = self.local_path(&path) {
+            let source = file.to_path_buf();
+            return tokio::task::spawn_blocking(move || copy_into_local(&source, &dest))
+                .await
+                .map_err(|e| Error::io("upload", file)(std::io::Error::other(e)))?;
+        }
         let mut input = tokio::fs::File::open(file)
             .await
             .map_err(Error::io("open", file))?;
@@ -183,7 +197,6 @@ impl SnapshotStore {
             .finish()
             .await
             .map_err(self.err("finish upload of", key))?;
-        self.sync_local(&path)?;
         Ok((size, checksum.finish()))
     }
 
@@ -213,6 +226,7 @@ impl SnapshotStore {
                 let mut out = tokio::io::BufWriter::with_capacity(CHUNK, file);
                 let mut checksum = Checksum::default();
                 let mut size = 0u64;
+                let mut unsynced = 0;
                 while let Some(chunk) = stream.next().await {
                     let chunk = chunk.map_err(self.err("download", key))?;
                     checksum.update(&chunk);
@@ -220,6 +234,16 @@ impl SnapshotStore {
                     out.write_all(&chunk)
                         .await
                         .map_err(Error::io("write", dest))?;
+                    unsynced += chunk.len();
+                    if unsynced >= CHUNK {
+                        // A piece at a time (see `local`).
+                        out.flush().await.map_err(Error::io("write", dest))?;
+                        out.get_ref()
+                            .sync_data()
+                            .await
+                            .map_err(Error::io("fsync", dest))?;
+                        unsynced = 0;
+                    }
                 }
                 out.flush().await.map_err(Error::io("write", dest))?;
                 out.into_inner()
@@ -275,37 +299,6 @@ impl SnapshotStore {
     }
 }
 
-/// Copy `range` of a local object's open file into `dest` (fsynced), in
-/// [`CHUNK`]s, checksumming on the way; returns (size, checksum).
-fn copy_local(
-    mut file: std::fs::File,
-    source: &Path,
-    range: std::ops::Range<u64>,
-    dest: &Path,
-) -> Result<(u64, String)> {
-    use std::io::{Read, Seek, SeekFrom, Write};
-    file.seek(SeekFrom::Start(range.start))
-        .map_err(Error::io("seek", source))?;
-    let mut input = file.take(range.end - range.start);
-    let mut out = std::fs::File::create(dest).map_err(Error::io("create", dest))?;
-    let mut buf = vec![0u8; CHUNK];
-    let mut checksum = Checksum::default();
-    let mut size = 0u64;
-    loop {
-        let n = match input.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(Error::io("read", source)(e)),
-        };
-        checksum.update(&buf[..n]);
-        size += n as u64;
-        out.write_all(&buf[..n]).map_err(Error::io("write", dest))?;
-    }
-    out.sync_all().map_err(Error::io("fsync", dest))?;
-    Ok((size, checksum.finish()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,6 +329,40 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("shard/a.mdb"), "{err}");
+    }
+
+    /// Files in `dir` whose names carry a staged upload's `#`.
+    fn staged_files(dir: &Path) -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.contains('#'))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_local_put_lands_whole_beside_a_leftover_staged_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("objects");
+        let store = SnapshotStore::from_url(&format!("file://{}", root.display())).unwrap();
+        // A crash mid-upload left a staged file with the first name: it is
+        // neither listed nor overwritten.
+        std::fs::create_dir_all(root.join("shard")).unwrap();
+        std::fs::write(root.join("shard/d.delta#1"), b"partial").unwrap();
+        let data: Vec<u8> = (0..(2 * CHUNK + 7)).map(|i| (i % 253) as u8).collect();
+        let (size, sum) = store.put("shard/d.delta", data.clone()).await.unwrap();
+        assert_eq!(size, data.len() as u64);
+        let (bytes, sum2) = store.get("shard/d.delta").await.unwrap();
+        assert_eq!((bytes.as_ref(), &sum2), (data.as_slice(), &sum));
+        assert_eq!(
+            store.list("shard").await.unwrap(),
+            vec!["shard/d.delta".to_string()]
+        );
+        assert_eq!(staged_files(&root.join("shard")), vec!["d.delta#1"]);
+        assert_eq!(
+            std::fs::read(root.join("shard/d.delta#1")).unwrap(),
+            b"partial"
+        );
     }
 
     #[test]
