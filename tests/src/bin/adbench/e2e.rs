@@ -22,14 +22,19 @@ pub(crate) async fn end_to_end(args: &Args, table: &mut Table) -> anyhow::Result
         };
         let (mut rates, mut p50, mut p99) =
             (Samples::default(), Samples::default(), Samples::default());
-        for run in 0..args.runs {
-            let (p, _) = e2e::start_with_ports(
+        // A pipeline of the contract's defaults and `--e2e-service-env`.
+        let start = || async {
+            e2e::start_with_ports(
                 catalog.clone(),
                 durable,
                 Backends::default(),
                 &args.e2e_service_env,
             )
-            .await?;
+            .await
+            .map(|(p, _)| p)
+        };
+        for run in 0..args.runs {
+            let p = start().await?;
             let result = e2e::sustained(
                 &p,
                 Duration::from_secs(args.e2e_secs),
@@ -51,13 +56,7 @@ pub(crate) async fn end_to_end(args: &Args, table: &mut Table) -> anyhow::Result
             drop(p);
             // A fresh pipeline, so the state (and each checkpoint's size) is
             // what the half-rate run builds, not what the full-rate run left.
-            let (p, _) = e2e::start_with_ports(
-                catalog.clone(),
-                durable,
-                Backends::default(),
-                &args.e2e_service_env,
-            )
-            .await?;
+            let p = start().await?;
             let half = result.events_per_sec / 2.0;
             let fresh = e2e::freshness(
                 &p,
