@@ -145,6 +145,14 @@ pub struct SumsUpdate {
     pub entries: Vec<SumEntry>,
 }
 
+impl SumsUpdate {
+    /// When the new spend of this push began, for freshness: `None` for a
+    /// full resync, a heartbeat, or a push without a source time.
+    pub fn fresh_source_ms(&self) -> Option<i64> {
+        (!self.full && !self.entries.is_empty() && self.source_ms > 0).then_some(self.source_ms)
+    }
+}
+
 /// Checked addition of money; `None` on overflow.
 pub fn add_micros(a: Micros, b: Micros) -> Option<Micros> {
     a.checked_add(b)

@@ -103,8 +103,8 @@ pub async fn run(
                 };
                 metrics::counter!(PACER_UPDATES_TOTAL).increment(1);
                 metrics::gauge!(PACER_LAG_SECONDS).set((now - update.watermark_ms).max(0) as f64 / 1000.0);
-                if !update.full && !update.entries.is_empty() && update.source_ms > 0 {
-                    metrics::histogram!(PACER_FRESHNESS_SECONDS).record((now - update.source_ms).max(0) as f64 / 1000.0);
+                if let Some(source_ms) = update.fresh_source_ms() {
+                    metrics::histogram!(PACER_FRESHNESS_SECONDS).record((now - source_ms).max(0) as f64 / 1000.0);
                 }
                 match applied {
                     Applied::Ok => {}

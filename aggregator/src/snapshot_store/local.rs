@@ -36,15 +36,12 @@ pub(super) fn copy_local(
 /// returns (size, checksum).
 pub(super) fn copy_into_local(source: &Path, dest: &Path) -> Result<(u64, String)> {
     let input = std::fs::File::open(source).map_err(Error::io("open", source))?;
-    let mut copied = None;
     write_local(dest, |out| {
-        copied = Some(copy_chunks(input, source, out, || {
+        copy_chunks(input, source, out, || {
             // Part of the object is written, the upload not completed.
             adspend_common::failpoint::hit("aggregator.mid_upload");
-        })?);
-        Ok(())
-    })?;
-    Ok(copied.expect("set by a successful copy"))
+        })
+    })
 }
 
 /// Read `input` to its end in [`CHUNK`]s into `out`, checksumming on the
@@ -75,9 +72,9 @@ fn copy_chunks(
 
 /// Write the `file://` object at `dest` as `object_store` does: into a
 /// staged `<name>#<n>` beside it (which its listings skip), renamed into
-/// place once complete and fsynced, then the directory fsynced. A failure
-/// removes the staged file.
-pub(super) fn write_local(dest: &Path, fill: impl FnOnce(&mut Paced) -> Result<()>) -> Result<()> {
+/// place once complete and fsynced, then the directory fsynced; returns
+/// what `fill` returned. A failure removes the staged file.
+pub(super) fn write_local<T>(dest: &Path, fill: impl FnOnce(&mut Paced) -> Result<T>) -> Result<T> {
     let parent = dest
         .parent()
         .ok_or_else(|| Error::io("write", dest)(std::io::ErrorKind::InvalidInput.into()))?;
@@ -99,14 +96,17 @@ pub(super) fn write_local(dest: &Path, fill: impl FnOnce(&mut Paced) -> Result<(
         })
         .expect("some staged name is free")?;
     let mut out = Paced::new(file, &staged);
-    let written = fill(&mut out)
-        .and_then(|()| out.finish())
-        .and_then(|()| std::fs::rename(&staged, dest).map_err(Error::io("rename into", dest)));
-    if let Err(e) = written {
+    let written = fill(&mut out).and_then(|filled| {
+        out.finish()?;
+        std::fs::rename(&staged, dest).map_err(Error::io("rename into", dest))?;
+        Ok(filled)
+    });
+    if written.is_err() {
         let _ = std::fs::remove_file(&staged);
-        return Err(e);
     }
-    crate::record::fsync_dir(parent)
+    let filled = written?;
+    crate::record::fsync_dir(parent)?;
+    Ok(filled)
 }
 
 /// A file written and flushed to disk [`CHUNK`] by [`CHUNK`] (see the
@@ -154,7 +154,7 @@ mod tests {
     fn a_failed_local_write_leaves_no_object_and_no_staged_file() {
         let dir = tempfile::tempdir().unwrap();
         let dest = dir.path().join("shard/x.mdb");
-        let err = write_local(&dest, |out| {
+        let err = write_local::<()>(&dest, |out| {
             out.write(&vec![1u8; CHUNK + 1])?;
             Err(Error::io("read", Path::new("source"))(
                 std::io::Error::other("gone"),

@@ -34,14 +34,6 @@ impl Delays {
         &self.0
     }
 
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
     /// The `q` quantile (nearest rank), `None` when nothing was stored.
     pub fn quantile(&self, q: f64) -> Option<i64> {
         if self.0.is_empty() {
@@ -119,10 +111,9 @@ impl PushWatch {
                     },
                 };
                 let now = adspend_common::now_ms();
-                if let Ok(update) = adspend_common::codec::decode_sums(&message.payload) {
-                    if !update.full && !update.entries.is_empty() && update.source_ms > 0 {
-                        pushes.push((now, now - update.source_ms));
-                    }
+                let update = adspend_common::codec::decode_sums(&message.payload);
+                if let Some(source_ms) = update.ok().and_then(|u| u.fresh_source_ms()) {
+                    pushes.push((now, now - source_ms));
                 }
             }
             pushes
