@@ -99,7 +99,14 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
     } else {
         0
     };
-    let downstream = Downstream::new(config.partitions.partitions, bound);
+    let downstream = Downstream::new(
+        config.partitions.partitions,
+        downstream::Window {
+            bound,
+            target: (config.downstream_target_ms > 0)
+                .then(|| Duration::from_millis(config.downstream_target_ms)),
+        },
+    );
     if bound > 0 {
         downstream.follow(&client, shutdown.clone()).await?;
     }

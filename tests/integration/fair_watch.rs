@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use adspend_limiter::downstream::Downstream;
+use adspend_limiter::downstream::{Downstream, Window};
 use adspend_limiter::fair::Scheduler;
 use adspend_limiter::Config;
 use adspend_tests::harness::NatsServer;
@@ -72,10 +72,14 @@ async fn a_new_source_is_read_without_waiting_for_a_listing() {
     let config = Config::parse_from(["limiter", "--consumer=watched"]);
 
     let early = publish(&js, "early", 5).await;
-    let mut scheduler =
-        Scheduler::start_with_listing(&stream, &config, NO_LISTING, Downstream::new(16, 0))
-            .await
-            .unwrap();
+    let mut scheduler = Scheduler::start_with_listing(
+        &stream,
+        &config,
+        NO_LISTING,
+        Downstream::new(16, Window::OFF),
+    )
+    .await
+    .unwrap();
     assert_eq!(scheduler.sources(), ["early"]);
 
     // Two sources that appear after the start, and more of the first.
@@ -94,10 +98,14 @@ async fn a_new_source_is_read_without_waiting_for_a_listing() {
     drop(scheduler);
     let down = publish(&js, "while-down", 3).await;
     let after = publish(&js, "late-1", 1).await;
-    let mut scheduler =
-        Scheduler::start_with_listing(&stream, &config, NO_LISTING, Downstream::new(16, 0))
-            .await
-            .unwrap();
+    let mut scheduler = Scheduler::start_with_listing(
+        &stream,
+        &config,
+        NO_LISTING,
+        Downstream::new(16, Window::OFF),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         scheduler.sources(),
         ["early", "late-1", "late-2", "while-down"]

@@ -23,7 +23,8 @@
 //! shares what is left of that window (`window`, in payload bytes) and no
 //! more; with none left it is *held* and gets nothing. So the queue in
 //! `SPEND` ahead of the others' tuples stays short, and the backlog goes on
-//! as fast as the aggregators apply. Usage shares cannot decide this: a
+//! as fast as the aggregators apply without the others' spend taking longer
+//! than the window's target (the window follows their delay). Usage shares cannot decide this: a
 //! held source's usage falls, and a trickle would soon look like the heavy
 //! user.
 

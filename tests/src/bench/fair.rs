@@ -7,11 +7,13 @@
 //! a limit of its own (`src-<source>`), every event costs the same, and a
 //! poller reads the five limits every few milliseconds; a message is fresh
 //! at the first poll whose lifetime spend covers it (publish to the pacer
-//! holding the sum, within the poll interval).
+//! holding the sum, within the poll interval). The part of it before the
+//! limiter can see a message, `ts` → stored in `IMPRESSIONS`, is read back
+//! from the stream per source after the run.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
 use async_nats::jetstream;
@@ -57,7 +59,30 @@ pub struct Scenario {
 pub struct SourceResult {
     pub steady: Vec<f64>,
     pub surge: Vec<f64>,
+    /// The surge's messages published once A's backlog was stored (all of
+    /// it acknowledged by JetStream): the drain, without the time NATS
+    /// takes the backlog in on the machine the pipeline runs on. Empty in
+    /// the flood.
+    pub after_stored: Vec<f64>,
+    /// Into `IMPRESSIONS` (a message's `ts` → stored, seconds), the part of
+    /// the freshness before the limiter can see a message, per phase.
+    pub ingest_steady: Vec<f64>,
+    pub ingest_surge: Vec<f64>,
+    /// Every message's freshness and time into the stream, as `(kind,
+    /// seconds since the run started, seconds)`, kind `fresh` (at publish)
+    /// or `into_stream` (at stored).
+    pub series: Vec<(&'static str, f64, f64)>,
     pub events: u64,
+}
+
+impl SourceResult {
+    /// `source,kind,at_s,delay_ms` lines, one per message and kind.
+    pub fn csv_lines(&self, source: &str) -> String {
+        self.series
+            .iter()
+            .map(|(kind, at, delay)| format!("{source},{kind},{at:.3},{:.1}\n", delay * 1000.0))
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -67,6 +92,11 @@ pub struct Outcome {
     pub a_drain_secs: f64,
     /// Whether every source's total equals what was acknowledged.
     pub exact: bool,
+    /// From the start of the surge until A's backlog was stored.
+    pub backlog_stored_secs: Option<f64>,
+    /// From the start of the surge until all of A's backlog was in the
+    /// pacer.
+    pub backlog_drained_secs: Option<f64>,
 }
 
 pub fn catalog() -> Catalog {
@@ -128,30 +158,64 @@ struct Publisher {
     source: &'static str,
     sent: Arc<Mutex<Sent>>,
     next_id: u64,
+    /// Events published so far.
+    published: u64,
     acks: tokio::task::JoinSet<anyhow::Result<()>>,
 }
 
+/// `events` impressions of `source` as one NDJSON message, with ids from
+/// `first` on and `ts` now.
+fn payload(source: &str, first: u64, events: u64) -> bytes::Bytes {
+    let ts = adspend_common::now_ms();
+    let mut payload = String::with_capacity(events as usize * 80);
+    for n in first..first + events {
+        payload.push_str(&format!(
+            "{{\"id\":\"{source}-{n}\",\"ad_id\":\"{source}-ad-{}\",\"cost_micros\":{COST_MICROS},\"ts\":{ts}}}\n",
+            n as usize % ADS_PER_SOURCE
+        ));
+    }
+    payload.into()
+}
+
+/// A's backlog, built before the run: an ad server flushing what it stored
+/// during an outage has its messages at hand, so the benchmark's own
+/// formatting stays out of the surge (ids from 2^40 on, apart from the
+/// steady ones).
+fn backlog(source: &str, events: u64) -> Vec<(bytes::Bytes, u64)> {
+    const MESSAGE: u64 = 1_000;
+    (0..events)
+        .step_by(MESSAGE as usize)
+        .map(|first| {
+            let n = MESSAGE.min(events - first);
+            (payload(source, (1 << 40) + first, n), n)
+        })
+        .collect()
+}
+
 impl Publisher {
+    /// `events` impressions as one NDJSON message, numbered on from the last.
+    fn payload(&mut self, events: u64) -> bytes::Bytes {
+        let payload = payload(self.source, self.next_id, events);
+        self.next_id += events;
+        payload
+    }
+
     async fn publish(&mut self, events: u64) -> anyhow::Result<()> {
-        let ts = adspend_common::now_ms();
-        let mut payload = String::with_capacity(events as usize * 80);
-        for _ in 0..events {
-            let n = self.next_id;
-            self.next_id += 1;
-            payload.push_str(&format!(
-                "{{\"id\":\"{}-{n}\",\"ad_id\":\"{}-ad-{}\",\"cost_micros\":{COST_MICROS},\"ts\":{ts}}}\n",
-                self.source,
-                self.source,
-                n as usize % ADS_PER_SOURCE
-            ));
-        }
+        let payload = self.payload(events);
+        self.send(payload, events).await
+    }
+
+    /// Publish a message of `events` (built earlier, or just now).
+    async fn send(&mut self, payload: bytes::Bytes, events: u64) -> anyhow::Result<()> {
         let at = Instant::now();
+        self.published += events;
+        let upto = self.published;
         let ack = self
             .js
-            .publish(format!("impressions.{}", self.source), payload.into())
+            .publish(format!("impressions.{}", self.source), payload)
             .await
             .context("publish")?;
-        self.sent.lock().await.marks.push((at, self.next_id));
+        self.sent.lock().await.marks.push((at, upto));
         self.acks
             .spawn(async move { ack.await.map(|_| ()).context("publish ack") });
         while self.acks.len() > 512 {
@@ -180,12 +244,16 @@ impl Publisher {
         while let Some(r) = self.acks.join_next().await {
             r??;
         }
-        Ok(self.next_id)
+        Ok(self.published)
     }
 }
 
 /// Run one scenario on a fresh pipeline.
 pub async fn run(s: &Scenario) -> anyhow::Result<Outcome> {
+    let mut backlogs = BTreeMap::new();
+    if let Surge::Backlog(events) = s.surge {
+        backlogs.insert("A", backlog("A", events));
+    }
     let p = start(s.scheduling, &s.limiter_env).await?;
     let http = reqwest::Client::builder().no_proxy().build()?;
     let stop_polling = tokio_util::sync::CancellationToken::new();
@@ -223,10 +291,13 @@ pub async fn run(s: &Scenario) -> anyhow::Result<Outcome> {
     };
 
     let started = Instant::now();
+    let started_wall = SystemTime::now();
     let surge_at = started + s.steady;
     let end = surge_at + s.surge_for;
     let mut tasks = tokio::task::JoinSet::new();
     let mut sents = BTreeMap::new();
+    // When A's backlog was stored, and A's events published by then.
+    let backlog_stored: Arc<Mutex<Option<(Instant, u64)>>> = Default::default();
     for source in SOURCES {
         let sent = Arc::new(Mutex::new(Sent::default()));
         sents.insert(source, sent.clone());
@@ -238,18 +309,24 @@ pub async fn run(s: &Scenario) -> anyhow::Result<Outcome> {
             source,
             sent,
             next_id: 0,
+            published: 0,
             acks: tokio::task::JoinSet::new(),
         };
+        let backlog = backlogs.remove(source).unwrap_or_default();
+        let stored = backlog_stored.clone();
         let (rate, batch, surge) = (s.rate, s.batch, s.surge);
         tasks.spawn(async move {
             publisher.steady(rate, batch, surge_at).await?;
             match (source, surge) {
                 ("A", Surge::Flood) => publisher.steady(rate * 10.0, batch, end).await?,
-                ("A", Surge::Backlog(events)) => {
-                    let big = 1_000u64;
-                    for _ in 0..events.div_ceil(big) {
-                        publisher.publish(big).await?;
+                ("A", Surge::Backlog(_)) => {
+                    for (payload, events) in backlog {
+                        publisher.send(payload, events).await?;
                     }
+                    while let Some(r) = publisher.acks.join_next().await {
+                        r??;
+                    }
+                    *stored.lock().await = Some((Instant::now(), publisher.published));
                     publisher.steady(rate, batch, end).await?;
                 }
                 _ => publisher.steady(rate, batch, end).await?,
@@ -288,6 +365,11 @@ pub async fn run(s: &Scenario) -> anyhow::Result<Outcome> {
     stop_polling.cancel();
     poller.await?;
     let polls = polls.lock().await;
+    let client = p.client().await;
+    let backlog_stored = *backlog_stored.lock().await;
+    let stored_at = backlog_stored.map(|(at, _)| at);
+    let surge_wall = started_wall + s.steady;
+    let end_wall = surge_wall + s.surge_for;
     let mut exact = true;
     let mut sources = BTreeMap::new();
     for source in SOURCES {
@@ -299,6 +381,30 @@ pub async fn run(s: &Scenario) -> anyhow::Result<Outcome> {
             events: totals[source],
             ..Default::default()
         };
+        let ingest = super::stages::into_impressions(
+            &client,
+            Some(&format!("impressions.{source}")),
+            started_wall,
+            end_wall,
+        )
+        .await?;
+        let (surge_ms, start_ms) = (
+            super::stages::unix_ms(surge_wall),
+            super::stages::unix_ms(started_wall),
+        );
+        for &(stored, delay) in ingest.series() {
+            result.series.push((
+                "into_stream",
+                (stored - start_ms) as f64 / 1000.0,
+                delay as f64 / 1000.0,
+            ));
+            let phase = if stored < surge_ms {
+                &mut result.ingest_steady
+            } else {
+                &mut result.ingest_surge
+            };
+            phase.push(delay as f64 / 1000.0);
+        }
         let sent = sents[source].lock().await;
         let mut cursor = 0;
         for &(at, upto) in &sent.marks {
@@ -309,10 +415,15 @@ pub async fn run(s: &Scenario) -> anyhow::Result<Outcome> {
                 break;
             };
             let fresh = seen.saturating_duration_since(at).as_secs_f64();
+            let offset = at.saturating_duration_since(started).as_secs_f64();
+            result.series.push(("fresh", offset, fresh));
             if at < surge_at {
                 result.steady.push(fresh);
             } else {
                 result.surge.push(fresh);
+                if stored_at.is_some_and(|stored| at >= stored) {
+                    result.after_stored.push(fresh);
+                }
             }
         }
         sources.insert(source, result);
@@ -323,6 +434,15 @@ pub async fn run(s: &Scenario) -> anyhow::Result<Outcome> {
             at.saturating_duration_since(published).as_secs_f64()
         }),
         exact,
+        backlog_stored_secs: stored_at
+            .map(|stored| stored.saturating_duration_since(surge_at).as_secs_f64()),
+        backlog_drained_secs: backlog_stored.and_then(|(_, upto)| {
+            let (seen, _) = polls
+                .get("A")?
+                .iter()
+                .find(|&&(_, spend)| spend >= upto * COST_MICROS)?;
+            Some(seen.saturating_duration_since(surge_at).as_secs_f64())
+        }),
     })
 }
 

@@ -145,13 +145,11 @@ pub async fn read_back(
     pushes: Delays,
 ) -> anyhow::Result<Stages> {
     let js = jetstream::new(client.clone());
-    let impressions = read_stream(&js, IMPRESSIONS_STREAM, from, until, |payload| {
-        oldest_ts(payload)
-    })
-    .await?;
+    let impressions = into_impressions(client, None, from, until).await?;
     let spend = read_stream(
         &js,
         SPEND_STREAM,
+        None,
         from,
         until,
         |payload| match decode_spend(payload) {
@@ -167,12 +165,26 @@ pub async fn read_back(
     })
 }
 
+/// Into `IMPRESSIONS`: each input message's oldest `ts` → stored, for the
+/// messages stored in `[from, until)` on `subject` (a filter such as
+/// `impressions.B`; every subject when `None`).
+pub async fn into_impressions(
+    client: &async_nats::Client,
+    subject: Option<&str>,
+    from: SystemTime,
+    until: SystemTime,
+) -> anyhow::Result<Delays> {
+    let js = jetstream::new(client.clone());
+    read_stream(&js, IMPRESSIONS_STREAM, subject, from, until, oldest_ts).await
+}
+
 /// Stored time − `began(payload)` of every message stored in the interval
 /// (messages for which `began` is `None`, such as checkpoint markers, are
-/// skipped).
+/// skipped), on `subject` when given.
 async fn read_stream(
     js: &jetstream::Context,
     name: &str,
+    subject: Option<&str>,
     from: SystemTime,
     until: SystemTime,
     began: impl Fn(&[u8]) -> Option<i64>,
@@ -181,13 +193,23 @@ async fn read_stream(
         .get_stream(name)
         .await
         .with_context(|| format!("stream {name}"))?;
-    let last = stream.info().await?.state.last_sequence;
+    let last = match subject {
+        Some(subject) => {
+            stream
+                .get_last_raw_message_by_subject(subject)
+                .await
+                .with_context(|| format!("last message on {subject}"))?
+                .sequence
+        }
+        None => stream.info().await?.state.last_sequence,
+    };
     let until_ms = unix_ms(until);
     let consumer = stream
         .create_consumer(OrderedConfig {
             deliver_policy: DeliverPolicy::ByStartTime {
                 start_time: time::OffsetDateTime::from(from),
             },
+            filter_subject: subject.unwrap_or_default().to_string(),
             ..OrderedConfig::default()
         })
         .await
@@ -240,7 +262,7 @@ fn oldest_ts(payload: &[u8]) -> Option<i64> {
         .min()
 }
 
-fn unix_ms(t: SystemTime) -> i64 {
+pub(crate) fn unix_ms(t: SystemTime) -> i64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
 }

@@ -39,12 +39,13 @@ pub(crate) async fn fair_sharing(args: &Args, table: &mut Table) -> anyhow::Resu
         FairSurge::Backlog => ("backlog", Surge::Backlog(args.fair_backlog)),
     });
     let mut lines = vec![
-        "| A's surge | scheduling | source | steady p50 ms | steady p99 ms | surge p50 ms | surge p99 ms | events |".to_string(),
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |".to_string(),
+        "| A's surge | scheduling | source | steady p50 ms | steady p99 ms | surge p50 ms | surge p99 ms | surge p99 once A's backlog is stored, ms | into stream, steady p99 ms | into stream, surge p99 ms | events |".to_string(),
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |".to_string(),
     ];
     for (surge_name, surge) in surges {
         for scheduling in args.fair_scheduling.iter().map(|s| s.as_str()) {
             let (mut worst_ratio, mut drain) = (Samples::default(), Samples::default());
+            let (mut after, mut backlog_drained) = (Samples::default(), Samples::default());
             for run in 0..args.runs {
                 let outcome = fair::run(&Scenario {
                     scheduling,
@@ -60,16 +61,36 @@ pub(crate) async fn fair_sharing(args: &Args, table: &mut Table) -> anyhow::Resu
                     outcome.exact,
                     "fair sharing run ({surge_name}, {scheduling}) did not match what was published"
                 );
-                let mut ratio: f64 = 0.0;
+                if let Some(dir) = &args.fair_csv {
+                    std::fs::create_dir_all(dir)?;
+                    let path = dir.join(format!(
+                        "fair-{}-{scheduling}-{run}.csv",
+                        surge_name.replace(' ', "-")
+                    ));
+                    let mut csv = String::from("source,kind,at_s,delay_ms\n");
+                    for source in SOURCES {
+                        csv.push_str(&outcome.sources[source].csv_lines(source));
+                    }
+                    std::fs::write(&path, csv)?;
+                    println!("bench:   run {run}: delays written to {}", path.display());
+                }
+                let (mut ratio, mut after_ratio): (f64, f64) = (0.0, 0.0);
                 for source in SOURCES {
                     let r = &outcome.sources[source];
                     let ms = |v: &[f64], q| quantile(v, q) * 1000.0;
                     let line = format!(
-                        "| {surge_name} | {scheduling} | {source} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
+                        "| {surge_name} | {scheduling} | {source} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {:.0} | {:.0} | {} |",
                         ms(&r.steady, 0.5),
                         ms(&r.steady, 0.99),
                         ms(&r.surge, 0.5),
                         ms(&r.surge, 0.99),
+                        if r.after_stored.is_empty() {
+                            "–".to_string()
+                        } else {
+                            format!("{:.0}", ms(&r.after_stored, 0.99))
+                        },
+                        ms(&r.ingest_steady, 0.99),
+                        ms(&r.ingest_surge, 0.99),
                         r.events
                     );
                     println!("bench:   run {run}: {line}");
@@ -77,13 +98,24 @@ pub(crate) async fn fair_sharing(args: &Args, table: &mut Table) -> anyhow::Resu
                         lines.push(line);
                     }
                     if source != "A" {
-                        ratio = ratio.max(quantile(&r.surge, 0.99) / quantile(&r.steady, 0.99));
+                        let steady = quantile(&r.steady, 0.99);
+                        ratio = ratio.max(quantile(&r.surge, 0.99) / steady);
+                        after_ratio = after_ratio.max(quantile(&r.after_stored, 0.99) / steady);
                     }
                 }
                 println!(
                     "bench:   run {run}: {surge_name}, {scheduling}: A drained {:.1} s after publishing ended; worst B-E p99 surge/steady {ratio:.1}x",
                     outcome.a_drain_secs
                 );
+                if let (Some(stored), Some(drained)) =
+                    (outcome.backlog_stored_secs, outcome.backlog_drained_secs)
+                {
+                    println!(
+                        "bench:   run {run}: {surge_name}, {scheduling}: A's backlog stored {stored:.2} s and in the pacer {drained:.2} s into the surge; worst B-E p99 once stored/steady {after_ratio:.1}x"
+                    );
+                    after.push(after_ratio);
+                    backlog_drained.push(drained);
+                }
                 worst_ratio.push(ratio);
                 drain.push(outcome.a_drain_secs);
             }
@@ -103,6 +135,26 @@ pub(crate) async fn fair_sharing(args: &Args, table: &mut Table) -> anyhow::Resu
                 None,
                 note.clone(),
             );
+            if !after.values.is_empty() {
+                table.add(
+                    format!(
+                        "fair sharing: B–E p99 freshness once A's backlog is stored / steady ({surge_name}, {scheduling})"
+                    ),
+                    "x",
+                    after,
+                    None,
+                    note.clone(),
+                );
+                table.add(
+                    format!(
+                        "fair sharing: A's backlog in the pacer after the surge began ({surge_name}, {scheduling})"
+                    ),
+                    "s",
+                    backlog_drained,
+                    None,
+                    note.clone(),
+                );
+            }
             table.add(
                 format!(
                     "fair sharing: A drained after publishing ended ({surge_name}, {scheduling})"

@@ -122,6 +122,10 @@ struct Args {
     /// `ADSPEND_LIMITER_FAIR_LAG_MS=50`); the defaults otherwise.
     #[arg(long, value_delimiter = ',', value_parser = name_value)]
     fair_limiter_env: Vec<(String, String)>,
+    /// Write each fair run's per-message freshness and time into the stream
+    /// (`source,kind,at_s,delay_ms`) into this folder.
+    #[arg(long)]
+    fair_csv: Option<std::path::PathBuf>,
     /// Where to write the results table (markdown).
     #[arg(long, default_value = "target/bench/results.md")]
     out: PathBuf,
