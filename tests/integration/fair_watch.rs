@@ -39,6 +39,13 @@ async fn publish(js: &jetstream::Context, source: &str, n: usize) -> Vec<u64> {
 
 /// Take chunks until `expected` messages were read; each acknowledged.
 /// Returns the stream sequences read, per source, in reading order.
+/// A scheduler with no listing and no window: only the watch finds sources.
+async fn start(stream: &jetstream::stream::Stream, config: &Config) -> Scheduler {
+    Scheduler::start_with_listing(stream, config, NO_LISTING, Downstream::new(16, Window::OFF))
+        .await
+        .unwrap()
+}
+
 async fn read(scheduler: &mut Scheduler, expected: usize) -> BTreeMap<String, Vec<u64>> {
     let mut read: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     let mut count = 0;
@@ -72,14 +79,7 @@ async fn a_new_source_is_read_without_waiting_for_a_listing() {
     let config = Config::parse_from(["limiter", "--consumer=watched"]);
 
     let early = publish(&js, "early", 5).await;
-    let mut scheduler = Scheduler::start_with_listing(
-        &stream,
-        &config,
-        NO_LISTING,
-        Downstream::new(16, Window::OFF),
-    )
-    .await
-    .unwrap();
+    let mut scheduler = start(&stream, &config).await;
     assert_eq!(scheduler.sources(), ["early"]);
 
     // Two sources that appear after the start, and more of the first.
@@ -98,14 +98,7 @@ async fn a_new_source_is_read_without_waiting_for_a_listing() {
     drop(scheduler);
     let down = publish(&js, "while-down", 3).await;
     let after = publish(&js, "late-1", 1).await;
-    let mut scheduler = Scheduler::start_with_listing(
-        &stream,
-        &config,
-        NO_LISTING,
-        Downstream::new(16, Window::OFF),
-    )
-    .await
-    .unwrap();
+    let mut scheduler = start(&stream, &config).await;
     assert_eq!(
         scheduler.sources(),
         ["early", "late-1", "late-2", "while-down"]

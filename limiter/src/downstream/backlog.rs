@@ -226,16 +226,18 @@ impl Backlog {
     }
 }
 
+/// A report covering every partition up to `seq`.
+#[cfg(test)]
+pub(super) fn all(seq: u64) -> Progress {
+    Progress {
+        partitions: None,
+        applied_seq: seq,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn all(seq: u64) -> Progress {
-        Progress {
-            partitions: None,
-            applied_seq: seq,
-        }
-    }
 
     const FIXED: Window = Window {
         bound: 1_000_000,

@@ -156,14 +156,8 @@ impl Downstream {
 
 #[cfg(test)]
 mod tests {
+    use super::backlog::all;
     use super::*;
-
-    fn all(seq: u64) -> Progress {
-        Progress {
-            partitions: None,
-            applied_seq: seq,
-        }
-    }
 
     #[test]
     fn the_window_needs_a_report_and_a_bound() {
