@@ -19,14 +19,15 @@
 //! The spare capacity is the aggregators', not only the limiter's: the
 //! limiter keeps a window on what it has published that they have not
 //! applied yet (`crate::downstream`). While sources compete, every source
-//! with more waiting than its quantum of a round (a backlog, not a trickle)
-//! shares what is left of that window (`window`, in payload bytes) and no
-//! more; with none left it is *held* and gets nothing. So the queue in
-//! `SPEND` ahead of the others' tuples stays short, and the backlog goes on
-//! as fast as the aggregators apply without the others' spend taking longer
-//! than the window's target (the window follows their delay). Usage shares cannot decide this: a
-//! held source's usage falls, and a trickle would soon look like the heavy
-//! user.
+//! with more waiting than its quantum of a round whose oldest message has
+//! waited past the lag threshold (a backlog, not a trickle, nor a heavy
+//! stream the pipeline keeps up with) shares what is left of that window
+//! (`window`, in payload bytes) and no more; with none left it is *held*
+//! and gets nothing. So the queue in `SPEND` ahead of the others' tuples
+//! stays short, and the backlog goes on as fast as the aggregators apply
+//! without the others' spend taking longer than the window's target (the
+//! window follows their delay). Usage shares cannot decide this: a held
+//! source's usage falls, and a trickle would soon look like the heavy user.
 
 use std::cmp::Reverse;
 use std::time::Duration;
@@ -123,13 +124,16 @@ pub struct Deficits(pub Vec<u64>);
 
 /// Lanes the downstream window applies to: with two or more sources
 /// competing, those with more than their quantum of a round
-/// (`capacity / k`) waiting. A single source is never limited.
-pub fn backlogs(lanes: &[LaneView], capacity: u64) -> Vec<bool> {
+/// (`capacity / k`) waiting whose oldest message has waited past the lag
+/// threshold. A single source is never limited, nor a heavy one the
+/// pipeline keeps up with: holding it back would only turn its steady
+/// stream into bursts the others then wait behind.
+pub fn backlogs(lanes: &[LaneView], capacity: u64, lag_threshold: Duration) -> Vec<bool> {
     let k = competing(lanes) as u64;
     let quantum = capacity / k.max(1);
     lanes
         .iter()
-        .map(|l| k >= 2 && l.pending > quantum)
+        .map(|l| k >= 2 && l.pending > quantum && l.lag > lag_threshold)
         .collect()
 }
 
@@ -147,7 +151,7 @@ pub fn plan(
     deficits.0.resize(lanes.len(), 0);
     let classes = classify(lanes, lag_threshold);
     let held = match window {
-        Some(_) => backlogs(lanes, capacity),
+        Some(_) => backlogs(lanes, capacity, lag_threshold),
         None => vec![false; lanes.len()],
     };
     let mut window_left = window.unwrap_or(u64::MAX);
@@ -298,7 +302,7 @@ mod tests {
         // A replays a backlog; nobody has waited past the threshold yet,
         // so without congestion it is plain oldest-first and A takes all.
         let lanes = [
-            lane(50_000, 80, 0.7),
+            lane(50_000, 800, 0.7),
             lane(3, 20, 0.1),
             lane(7, 10, 0.1),
             lane(0, 0, 0.1),
@@ -316,7 +320,7 @@ mod tests {
 
     #[test]
     fn a_backlog_takes_what_is_left_of_the_window() {
-        let lanes = [lane(50_000, 80, 0.7), lane(3, 20, 0.1), lane(7, 10, 0.1)];
+        let lanes = [lane(50_000, 800, 0.7), lane(3, 20, 0.1), lane(7, 10, 0.1)];
         // A window larger than the round limits nothing: oldest first.
         let wide = plan(&lanes, 1_000, LAG, Some(5_000), &mut Deficits::default());
         assert!(!wide.intervening);
@@ -342,6 +346,22 @@ mod tests {
         let plan2 = plan(&trickles, 1_000, LAG, Some(0), &mut Deficits::default());
         assert_eq!(plan2.total(), 900);
         assert!(!plan2.intervening);
+        // A heavy stream the pipeline keeps up with (more than its quantum
+        // waiting, but none of it past the lag threshold) is not a
+        // backlog: holding it would only turn it into bursts.
+        let heavy = [lane(5_000, 150, 0.7), lane(30, 20, 0.1)];
+        let plan3 = plan(&heavy, 1_000, LAG, Some(0), &mut Deficits::default());
+        assert_eq!(plan3.held, vec![false, false]);
+        assert_eq!(
+            plan3.total(),
+            1_000,
+            "oldest first, as the window were not there"
+        );
+        // Once its oldest has waited past the threshold, it is held.
+        let behind = [lane(5_000, 250, 0.7), lane(30, 20, 0.1)];
+        let plan4 = plan(&behind, 1_000, LAG, Some(0), &mut Deficits::default());
+        assert_eq!(plan4.held, vec![true, false]);
+        assert_eq!(plan4.takes, vec![(1, 30)]);
     }
 
     fn lanes_strategy() -> impl Strategy<Value = Vec<LaneView>> {
@@ -392,7 +412,7 @@ mod tests {
             let k = competing(&lanes) as u64;
             let mut free = 0;
             for (i, l) in lanes.iter().enumerate() {
-                prop_assert_eq!(plan.held[i], k >= 2 && l.pending > capacity / k);
+                prop_assert_eq!(plan.held[i], k >= 2 && l.pending > capacity / k && l.lag > LAG);
                 if plan.held[i] {
                     prop_assert_eq!(plan.take_of(i), 0);
                     prop_assert!(plan.held_back(i, l));

@@ -37,10 +37,11 @@ impl Scheduler {
         // While a backlog is under the window: when the oldest message the
         // other sources have in this round was stored (the window follows
         // how long their spend takes, `crate::downstream`).
-        let windowed = plan.held.iter().any(|&h| h);
+        let backlogs = drr::backlogs(&views, ROUND_BYTES, self.lag_threshold);
+        let windowed = backlogs.iter().any(|&b| b);
         let mut others_since: Option<i64> = None;
         let mut note = |i: usize, taken: &[PullMessage]| {
-            if windowed && !plan.held[i] {
+            if windowed && !backlogs[i] {
                 let oldest = taken
                     .iter()
                     .filter_map(|m| m.as_ref().ok()?.info().ok())
