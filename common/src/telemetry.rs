@@ -37,8 +37,8 @@ pub const LIMITER_SOURCE_HELD_BACK: &str = "adspend_limiter_source_held_back";
 /// as applied (the queue behind it; fair scheduling keeps backlogs within a
 /// window of `ADSPEND_LIMITER_DOWNSTREAM_MAX_TUPLES`).
 pub const LIMITER_DOWNSTREAM_QUEUED_TUPLES: &str = "adspend_limiter_downstream_queued_tuples";
-/// The window's size now, in tuples: the bound, or less while it follows
-/// the queue's delay (`ADSPEND_LIMITER_DOWNSTREAM_TARGET_MS`).
+/// The window's size now, in tuples: the bound, or less while the other
+/// sources' delay is over `ADSPEND_LIMITER_DOWNSTREAM_TARGET_MS`.
 pub const LIMITER_DOWNSTREAM_WINDOW_TUPLES: &str = "adspend_limiter_downstream_window_tuples";
 /// Fair rounds in which the window held a backlog back.
 pub const LIMITER_CONGESTED_ROUNDS_TOTAL: &str = "adspend_limiter_congested_rounds_total";

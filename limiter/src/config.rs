@@ -71,10 +71,11 @@ pub struct Config {
     /// in SPEND; 0 turns it off. About 0.15 s of an aggregator's apply rate.
     #[arg(long, env = env::LIMITER_DOWNSTREAM_MAX_TUPLES, default_value_t = 200_000)]
     pub downstream_max_tuples: u64,
-    /// The window follows the queue's delay: it halves while the oldest
-    /// tuple the aggregators have not applied has waited longer than this
-    /// (milliseconds), and grows back up to the bound while it waits less;
-    /// 0 keeps the window at the bound.
+    /// The window follows the other sources' delay: it halves while their
+    /// spend takes longer than this (milliseconds) from `IMPRESSIONS` to
+    /// applied, or the oldest unapplied tuple has waited longer, and grows
+    /// back up to the bound while both are under half of it; 0 keeps the
+    /// window at the bound.
     #[arg(long, env = env::LIMITER_DOWNSTREAM_TARGET_MS, default_value_t = 30,
           value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub downstream_target_ms: u64,

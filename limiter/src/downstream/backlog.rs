@@ -83,8 +83,8 @@ impl Backlog {
 
     /// A round begins: `others_since` is when the oldest input message of
     /// the sources other than the backlogs in it was stored (unix ms);
-    /// `None` when no backlog is under the window, or the round has none
-    /// of the others.
+    /// `None` when no source has a backlog, or the round has none of the
+    /// others.
     pub fn round(&mut self, others_since: Option<i64>) {
         self.round_since = others_since;
     }

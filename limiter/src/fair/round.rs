@@ -34,7 +34,7 @@ impl Scheduler {
         }
         let mut chunk = Vec::new();
         let mut chunk_bytes = 0;
-        // While a backlog is under the window: when the oldest message the
+        // While some source has a backlog: when the oldest message the
         // other sources have in this round was stored (the window follows
         // how long their spend takes, `crate::downstream`).
         let backlogs = drr::backlogs(&views, ROUND_BYTES, self.lag_threshold);
