@@ -141,17 +141,18 @@ impl Checkpointer {
         let id = self.next_id;
         let changes = self.changes.clone();
         let lineage = self.lineage.clone();
+        // Taken at the service's priority (the writer takes the same lock
+        // for each commit); the encoding refers to the ids, copying none.
         let encoded = tokio::task::spawn_blocking(move || -> Result<_, Error> {
             let taken = changes.lock().expect("changes lock").take();
-            let mut bytes = Vec::with_capacity(taken.encoded_len_hint());
-            taken
-                .encode(&lineage, &mut bytes)
+            let pieces = taken
+                .encode_pieces(&lineage)
                 .map_err(Error::task("delta encoding"))?;
-            Ok((taken, bytes))
+            Ok((taken, pieces))
         })
         .await
         .map_err(Error::task("delta encoding"));
-        let (taken, bytes) = match encoded {
+        let (taken, pieces) = match encoded {
             Ok(Ok(encoded)) => encoded,
             Ok(Err(e)) | Err(e) => {
                 // What was taken is gone: the next checkpoint is a base.
@@ -179,10 +180,10 @@ impl Checkpointer {
             key,
             sums = taken.sums(),
             ids = taken.ids_added(),
-            size = bytes.len(),
+            size = pieces.iter().map(|p| p.len()).sum::<usize>(),
             "checkpoint: delta encoded; uploading"
         );
-        let result = self.upload_and_record(chain, id, seq, key, bytes).await;
+        let result = self.upload_and_record(chain, id, seq, key, pieces).await;
         if result.is_err() {
             // Nothing was recorded (or, if the record's outcome is unknown,
             // a record this chain plus the put-back changes still covers):
@@ -199,10 +200,10 @@ impl Checkpointer {
         id: u64,
         seq: u64,
         key: String,
-        bytes: Vec<u8>,
+        pieces: Vec<bytes::Bytes>,
     ) -> Result<CheckpointRecord, Error> {
         self.check_lease()?;
-        let (size_bytes, checksum) = self.snapshots.put(&key, bytes).await?;
+        let (size_bytes, checksum) = self.snapshots.put(&key, pieces).await?;
         failpoint::hit("aggregator.after_upload");
         self.check_lease()?;
         let mut record = chain;
@@ -233,14 +234,20 @@ impl Checkpointer {
         let store = self.store.clone();
         let changes = self.changes.clone();
         let copy_dir = dir.clone();
-        let seq = tokio::task::spawn_blocking(move || -> Result<u64, Error> {
+        // Reset under the writer's commit lock, before the copy's read
+        // transaction begins: the next delta starts at a sequence at or
+        // below the copy's, which a delta's absolute values allow (see
+        // `delta`). Taken at the service's priority, so that the writer
+        // never waits on the lock behind a low-priority thread.
+        tokio::task::spawn_blocking(move || {
+            changes.lock().expect("changes lock").take();
+        })
+        .await
+        .map_err(Error::task("snapshot copy"))?;
+        let seq = crate::background::run("copy", move || -> Result<u64, Error> {
             let _ = std::fs::remove_dir_all(&copy_dir);
             std::fs::create_dir_all(&copy_dir)
                 .map_err(adspend_common::Error::io("create", &copy_dir))?;
-            // Reset under the writer's commit lock: the next delta starts at
-            // a sequence at or below the copy's, which a delta's absolute
-            // values allow (see `delta`).
-            changes.lock().expect("changes lock").take();
             let copy = copy_dir.join(DATA_FILE);
             store
                 .env

@@ -36,6 +36,7 @@ use std::io::Write;
 use std::ops::Bound;
 
 use adspend_common::types::{SumEntry, LIFETIME_BUCKET};
+use bytes::Bytes;
 use rustc_hash::FxHashMap;
 
 use crate::error::Error;
@@ -70,7 +71,10 @@ pub struct Changes {
     /// The last applied sequence of the newest commit absorbed.
     pub to_seq: u64,
     limits: FxHashMap<String, LimitChange>,
-    log_added: FxHashMap<[u8; 16], Vec<u8>>,
+    /// Each commit's new ids, as the writer handed them over: encoding
+    /// refers to these bytes rather than copying them (a delta at 200,000
+    /// impressions/s holds about 100 MB of them).
+    log_added: FxHashMap<[u8; 16], Bytes>,
     log_evicted: Vec<[u8; 16]>,
     /// Every log entry with a smaller key is evicted. Set only by
     /// [`Changes::since`], which cannot name the entries evicted since the
@@ -110,7 +114,7 @@ impl Changes {
             }
         }
         if let Some((key, ids)) = log_added {
-            self.log_added.insert(key, ids.to_vec());
+            self.log_added.insert(key, Bytes::copy_from_slice(ids));
         }
         for key in log_evicted {
             // Added and evicted within one interval: the base never had it,
@@ -179,7 +183,7 @@ impl Changes {
             oldest.get_or_insert(key);
             let first_seq = u64::from_be_bytes(key[8..].try_into().expect("8 bytes"));
             if first_seq > record_seq {
-                changes.log_added.insert(key, ids.to_vec());
+                changes.log_added.insert(key, Bytes::copy_from_slice(ids));
             }
         }
         // An empty log: everything the record held was evicted.
@@ -241,19 +245,21 @@ impl Changes {
         self.log_added.values().map(|ids| ids.len() / 16).sum()
     }
 
-    /// About the encoded size, for the buffer.
-    pub fn encoded_len_hint(&self) -> usize {
-        let limits: usize = self
-            .limits
-            .iter()
-            .map(|(limit, change)| 1 + limit.len() + 17 + 4 + 12 * change.buckets.len())
-            .sum();
-        let log: usize = self.log_added.values().map(|ids| 20 + ids.len()).sum();
-        64 + limits + log + 16 * self.log_evicted.len() + 17
+    /// Encode as format 2, in key order, into `out`.
+    pub fn encode(&self, lineage: &str, out: &mut impl Write) -> std::io::Result<()> {
+        for piece in self.encode_pieces(lineage)? {
+            out.write_all(&piece)?;
+        }
+        Ok(())
     }
 
-    /// Encode as format 2, in key order.
-    pub fn encode(&self, lineage: &str, out: &mut impl Write) -> std::io::Result<()> {
+    /// Format 2, in key order, as consecutive pieces: the dedupe ids are
+    /// the bytes [`Changes::absorb`] kept, not copies, so a delta costs no
+    /// second buffer of its size (a first touch of fresh memory, which on
+    /// this kind of machine cost more than the copy itself).
+    pub fn encode_pieces(&self, lineage: &str) -> std::io::Result<Vec<Bytes>> {
+        let mut pieces = Vec::with_capacity(2 * self.log_added.len() + 2);
+        let mut out = Vec::with_capacity(self.head_len_hint());
         out.write_all(MAGIC)?;
         out.write_all(&FORMAT_VERSION.to_be_bytes())?;
         let lineage_len = u16::try_from(lineage.len()).map_err(|_| {
@@ -284,13 +290,14 @@ impl Changes {
                 out.write_all(&micros.to_be_bytes())?;
             }
         }
-        let mut added: Vec<(&[u8; 16], &Vec<u8>)> = self.log_added.iter().collect();
+        let mut added: Vec<(&[u8; 16], &Bytes)> = self.log_added.iter().collect();
         added.sort_unstable_by_key(|(key, _)| **key);
         out.write_all(&(added.len() as u64).to_be_bytes())?;
         for (key, ids) in added {
             out.write_all(key)?;
             out.write_all(&((ids.len() / 16) as u32).to_be_bytes())?;
-            out.write_all(ids)?;
+            pieces.push(Bytes::from(std::mem::take(&mut out)));
+            pieces.push(ids.clone());
         }
         out.write_all(&(self.log_evicted.len() as u64).to_be_bytes())?;
         for key in &self.log_evicted {
@@ -303,7 +310,18 @@ impl Changes {
             }
             None => out.write_all(&[0])?,
         }
-        Ok(())
+        pieces.push(Bytes::from(out));
+        Ok(pieces)
+    }
+
+    /// About the size of everything but the dedupe ids, for the first piece.
+    fn head_len_hint(&self) -> usize {
+        let limits: usize = self
+            .limits
+            .iter()
+            .map(|(limit, change)| 1 + limit.len() + 17 + 4 + 12 * change.buckets.len())
+            .sum();
+        64 + limits + 20
     }
 }
 
@@ -426,7 +444,7 @@ impl Delta {
         for _ in 0..added {
             let key = r.key("log key")?;
             let ids = r.u32("log ids")? as usize;
-            let ids = r.take(ids.saturating_mul(16), "log ids")?.to_vec();
+            let ids = Bytes::copy_from_slice(r.take(ids.saturating_mul(16), "log ids")?);
             changes.log_added.insert(key, ids);
         }
         let evicted = r.count("evictions", 16)?;
@@ -474,7 +492,7 @@ impl Delta {
         for (key, ids) in &self.changes.log_added {
             store
                 .dedupe_log
-                .put(&mut wtxn, key.as_slice(), ids.as_slice())
+                .put(&mut wtxn, key.as_slice(), ids.as_ref())
                 .map_err(store.err("put dedupe log"))?;
         }
         for key in &self.changes.log_evicted {

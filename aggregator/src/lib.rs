@@ -18,6 +18,7 @@
 //! writer and the checkpointer obey in cluster mode.
 
 pub mod apply;
+pub mod background;
 pub mod checkpointer;
 pub mod cluster;
 pub mod config;

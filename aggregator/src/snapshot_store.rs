@@ -8,9 +8,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use futures::StreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{GetResultPayload, ObjectStore, ObjectStoreExt, WriteMultipart};
+use object_store::{GetResultPayload, ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use adspend_common::env;
@@ -18,7 +19,7 @@ use adspend_common::error::{Error, Result};
 
 mod local;
 
-use local::{copy_into_local, copy_local, write_local};
+use local::{copy_into_local, copy_local, write_local, LOCAL_PIECE};
 
 const CHUNK: usize = 8 * 1024 * 1024;
 
@@ -122,25 +123,33 @@ impl SnapshotStore {
         }
     }
 
-    /// Upload `bytes` as `key` in one request (complete or absent, as a
-    /// single PUT is); fsynced on `file://`. Returns (size, checksum).
-    pub async fn put(&self, key: &str, bytes: Vec<u8>) -> Result<(u64, String)> {
+    /// Upload `pieces`, one after the other, as `key` in one request
+    /// (complete or absent, as a single PUT is); on `file://` written by a
+    /// low-priority thread ([`crate::background`]) and fsynced. Returns
+    /// (size, checksum).
+    pub async fn put(&self, key: &str, pieces: Vec<Bytes>) -> Result<(u64, String)> {
         let path = self.path(key);
         let mut checksum = Checksum::default();
-        checksum.update(&bytes);
-        let size = bytes.len() as u64;
+        let mut size = 0u64;
+        for piece in &pieces {
+            checksum.update(piece);
+            size += piece.len() as u64;
+        }
         if let Some(dest) = self.local_path(&path) {
             let written = dest.clone();
-            tokio::task::spawn_blocking(move || {
+            crate::background::run("put", move || {
                 write_local(&dest, |out| {
-                    bytes.chunks(CHUNK).try_for_each(|piece| out.write(piece))
+                    pieces
+                        .iter()
+                        .flat_map(|piece| piece.chunks(LOCAL_PIECE))
+                        .try_for_each(|part| out.write(part))
                 })
             })
             .await
-            .map_err(|e| Error::io("write", &written)(std::io::Error::other(e)))??;
+            .map_err(Error::io("write", &written))??;
         } else {
             self.store
-                .put(&path, bytes.into())
+                .put(&path, PutPayload::from_iter(pieces))
                 .await
                 .map_err(self.err("upload", key))?;
         }
@@ -159,9 +168,9 @@ impl SnapshotStore {
         let path = self.path(key);
         if let Some(dest) = self.local_path(&path) {
             let source = file.to_path_buf();
-            return tokio::task::spawn_blocking(move || copy_into_local(&source, &dest))
+            return crate::background::run("upload", move || copy_into_local(&source, &dest))
                 .await
-                .map_err(|e| Error::io("upload", file)(std::io::Error::other(e)))?;
+                .map_err(Error::io("upload", file))?;
         }
         let mut input = tokio::fs::File::open(file)
             .await
@@ -235,7 +244,7 @@ impl SnapshotStore {
                         .await
                         .map_err(Error::io("write", dest))?;
                     unsynced += chunk.len();
-                    if unsynced >= CHUNK {
+                    if unsynced >= LOCAL_PIECE {
                         // A piece at a time (see `local`).
                         out.flush().await.map_err(Error::io("write", dest))?;
                         out.get_ref()
@@ -350,7 +359,12 @@ mod tests {
         std::fs::create_dir_all(root.join("shard")).unwrap();
         std::fs::write(root.join("shard/d.delta#1"), b"partial").unwrap();
         let data: Vec<u8> = (0..(2 * CHUNK + 7)).map(|i| (i % 253) as u8).collect();
-        let (size, sum) = store.put("shard/d.delta", data.clone()).await.unwrap();
+        // In pieces of uneven sizes, as a delta's are: the object is their
+        // concatenation, and so is its checksum.
+        let pieces = [0..5, 5..LOCAL_PIECE + 3, LOCAL_PIECE + 3..data.len()]
+            .map(|range| Bytes::copy_from_slice(&data[range]))
+            .to_vec();
+        let (size, sum) = store.put("shard/d.delta", pieces).await.unwrap();
         assert_eq!(size, data.len() as u64);
         let (bytes, sum2) = store.get("shard/d.delta").await.unwrap();
         assert_eq!((bytes.as_ref(), &sum2), (data.as_slice(), &sum));

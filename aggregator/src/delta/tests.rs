@@ -325,7 +325,7 @@ proptest! {
             }
         }
         for (key, ids) in added {
-            changes.log_added.insert(key, vec![key[0]; ids * 16]);
+            changes.log_added.insert(key, vec![key[0]; ids * 16].into());
         }
         changes.log_evicted = evicted;
         changes.log_evicted_below = below;

@@ -1,20 +1,26 @@
 //! Local files, written a piece at a time: `file://` objects (deltas,
-//! bases) and downloads for a restore go to disk [`CHUNK`] by [`CHUNK`],
-//! each piece flushed (`fdatasync`) before the next. One fsync of a hundred
-//! megabytes of dirty pages at the end would make every other fsync on the
-//! disk wait behind it: NATS's per-message syncs stalled 200-260 ms behind a
-//! 400 MB write ending in one fsync, and 67 ms at most when it was flushed
-//! 8 MiB at a time (`docs/BENCHMARKS.md`, "Freshness, stage by stage"); a
-//! checkpoint's delta at 200,000 impressions/s is about 100 MB.
+//! bases) and downloads for a restore go to disk [`LOCAL_PIECE`] by
+//! [`LOCAL_PIECE`], each piece flushed (`fdatasync`) before the next. One
+//! fsync of a hundred megabytes of dirty pages at the end would make every
+//! other fsync on the disk wait behind it: NATS's per-message syncs stalled
+//! 200-260 ms behind a 400 MB write ending in one fsync, and 67 ms at most
+//! when it was flushed 8 MiB at a time (`docs/BENCHMARKS.md`, "Freshness,
+//! stage by stage"); a checkpoint's delta at 200,000 impressions/s is about
+//! 100 MB. Pieces of 1 MiB wrote 100 MiB in 106-133 ms where pieces of
+//! 8 MiB took 257-446 ms, with the same 4 KiB fsyncs beside them
+//! ("Checkpoints in the background").
 
 use std::path::{Path, PathBuf};
 
 use adspend_common::error::{Error, Result};
 
-use super::{Checksum, CHUNK};
+use super::Checksum;
+
+/// Bytes written between two `fdatasync`s of a local file.
+pub(super) const LOCAL_PIECE: usize = 1024 * 1024;
 
 /// Copy `range` of a local object's open file into `dest` (fsynced), in
-/// [`CHUNK`]s, checksumming on the way; returns (size, checksum).
+/// [`LOCAL_PIECE`]s, checksumming on the way; returns (size, checksum).
 pub(super) fn copy_local(
     mut file: std::fs::File,
     source: &Path,
@@ -44,7 +50,7 @@ pub(super) fn copy_into_local(source: &Path, dest: &Path) -> Result<(u64, String
     })
 }
 
-/// Read `input` to its end in [`CHUNK`]s into `out`, checksumming on the
+/// Read `input` to its end in [`LOCAL_PIECE`]s into `out`, checksumming on the
 /// way and calling `each` after every piece; returns (size, checksum).
 fn copy_chunks(
     mut input: impl std::io::Read,
@@ -52,7 +58,7 @@ fn copy_chunks(
     out: &mut Paced,
     mut each: impl FnMut(),
 ) -> Result<(u64, String)> {
-    let mut buf = vec![0u8; CHUNK];
+    let mut buf = vec![0u8; LOCAL_PIECE];
     let mut checksum = Checksum::default();
     let mut size = 0u64;
     loop {
@@ -109,7 +115,7 @@ pub(super) fn write_local<T>(dest: &Path, fill: impl FnOnce(&mut Paced) -> Resul
     Ok(filled)
 }
 
-/// A file written and flushed to disk [`CHUNK`] by [`CHUNK`] (see the
+/// A file written and flushed to disk [`LOCAL_PIECE`] by [`LOCAL_PIECE`] (see the
 /// module's note); [`Paced::finish`] syncs the rest and the metadata.
 pub(super) struct Paced {
     file: std::fs::File,
@@ -132,7 +138,7 @@ impl Paced {
             .write_all(bytes)
             .map_err(Error::io("write", &self.path))?;
         self.unsynced += bytes.len();
-        if self.unsynced >= CHUNK {
+        if self.unsynced >= LOCAL_PIECE {
             self.file
                 .sync_data()
                 .map_err(Error::io("fsync", &self.path))?;
@@ -155,7 +161,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let dest = dir.path().join("shard/x.mdb");
         let err = write_local::<()>(&dest, |out| {
-            out.write(&vec![1u8; CHUNK + 1])?;
+            out.write(&vec![1u8; LOCAL_PIECE + 1])?;
             Err(Error::io("read", Path::new("source"))(
                 std::io::Error::other("gone"),
             ))

@@ -56,9 +56,25 @@ struct Args {
     #[arg(long)]
     e2e_stages_csv: Option<std::path::PathBuf>,
     /// Settings for every service of the end-to-end runs, on top of the
-    /// contract's defaults (e.g. `ADSPEND_PUSH_INTERVAL_MS=20`).
+    /// contract's defaults (e.g. `ADSPEND_PUSH_INTERVAL_MS=20`, or
+    /// `RUST_LOG=adspend_aggregator=debug` for one filter without commas).
     #[arg(long, value_delimiter = ',', value_parser = name_value)]
     e2e_service_env: Vec<(String, String)>,
+    /// NATS sync settings of the end-to-end runs: `durable`
+    /// (`sync_interval: always`) and `default` (NATS's default).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "durable,default"
+    )]
+    e2e_syncs: Vec<e2e::Sync>,
+    /// Events per second of the freshness runs. Without it each freshness
+    /// run follows a sustained run and publishes at half its rate; with it
+    /// the sustained runs are skipped (for comparing builds and settings on
+    /// the same load).
+    #[arg(long)]
+    e2e_fresh_rate: Option<f64>,
     /// Events per NDJSON message in the end-to-end and peer runs.
     #[arg(long, default_value_t = 1000)]
     batch: usize,
@@ -201,9 +217,11 @@ fn scratch(args: &Args, name: &str) -> anyhow::Result<tempfile::TempDir> {
 /// `NAME=value` of an `ADSPEND_*` setting.
 fn name_value(arg: &str) -> Result<(String, String), String> {
     match arg.split_once('=') {
-        Some((name, value)) if name.starts_with("ADSPEND_") => {
+        Some((name, value)) if name.starts_with("ADSPEND_") || name == "RUST_LOG" => {
             Ok((name.to_string(), value.to_string()))
         }
-        _ => Err(format!("expected ADSPEND_<NAME>=<value>, got {arg:?}")),
+        _ => Err(format!(
+            "expected ADSPEND_<NAME>=<value> or RUST_LOG=<filter>, got {arg:?}"
+        )),
     }
 }
