@@ -57,7 +57,8 @@ struct Args {
     e2e_stages_csv: Option<std::path::PathBuf>,
     /// Settings for every service of the end-to-end runs, on top of the
     /// contract's defaults (e.g. `ADSPEND_PUSH_INTERVAL_MS=20`, or
-    /// `RUST_LOG=adspend_aggregator=debug` for one filter without commas).
+    /// `RUST_LOG=adspend_aggregator=debug` for one filter without commas, or
+    /// the allocator's `MIMALLOC_*` options).
     #[arg(long, value_delimiter = ',', value_parser = name_value)]
     e2e_service_env: Vec<(String, String)>,
     /// NATS sync settings of the end-to-end runs: `durable`
@@ -217,11 +218,15 @@ fn scratch(args: &Args, name: &str) -> anyhow::Result<tempfile::TempDir> {
 /// `NAME=value` of an `ADSPEND_*` setting.
 fn name_value(arg: &str) -> Result<(String, String), String> {
     match arg.split_once('=') {
-        Some((name, value)) if name.starts_with("ADSPEND_") || name == "RUST_LOG" => {
+        Some((name, value))
+            if name.starts_with("ADSPEND_")
+                || name.starts_with("MIMALLOC_")
+                || name == "RUST_LOG" =>
+        {
             Ok((name.to_string(), value.to_string()))
         }
         _ => Err(format!(
-            "expected ADSPEND_<NAME>=<value> or RUST_LOG=<filter>, got {arg:?}"
+            "expected ADSPEND_<NAME>=<value>, MIMALLOC_<NAME>=<value> or RUST_LOG=<filter>, got {arg:?}"
         )),
     }
 }
