@@ -63,8 +63,10 @@ pub struct Plan {
     pub takes: Vec<(usize, u64)>,
     pub intervening: bool,
     pub classes: Vec<Class>,
-    /// Backlogs under the downstream window this round (see
-    /// [`backlogs`]); given at most their part of it, perhaps nothing.
+    /// The lanes with a backlog this round ([`backlogs`]), window or not.
+    pub backlogs: Vec<bool>,
+    /// Backlogs under the downstream window this round; given at most
+    /// their part of it, perhaps nothing.
     pub held: Vec<bool>,
     /// Whether the window was less than the backlogs could have taken.
     pub limited: bool,
@@ -150,8 +152,9 @@ pub fn plan(
 ) -> Plan {
     deficits.0.resize(lanes.len(), 0);
     let classes = classify(lanes, lag_threshold);
+    let backlogs = backlogs(lanes, capacity, lag_threshold);
     let held = match window {
-        Some(_) => backlogs(lanes, capacity, lag_threshold),
+        Some(_) => backlogs.clone(),
         None => vec![false; lanes.len()],
     };
     let mut window_left = window.unwrap_or(u64::MAX);
@@ -221,6 +224,7 @@ pub fn plan(
         takes,
         intervening,
         classes,
+        backlogs,
         held,
         limited,
     }

@@ -37,7 +37,7 @@ impl Scheduler {
         // While some source has a backlog: when the oldest message the
         // other sources have in this round was stored (the window follows
         // how long their spend takes, `crate::downstream`).
-        let backlogs = drr::backlogs(&views, ROUND_BYTES, self.lag_threshold);
+        let backlogs = &plan.backlogs;
         let windowed = backlogs.iter().any(|&b| b);
         let mut others_since: Option<i64> = None;
         let mut note = |i: usize, taken: &[PullMessage]| {

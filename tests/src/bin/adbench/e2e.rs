@@ -11,7 +11,7 @@ use crate::Args;
 
 /// A NATS sync setting of the end-to-end runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum Sync {
+pub(crate) enum NatsSync {
     /// `sync_interval: always`: an fsync per stored message.
     Durable,
     /// NATS's default (a sync every two minutes).
@@ -23,15 +23,11 @@ pub(crate) async fn end_to_end(args: &Args, table: &mut Table) -> anyhow::Result
         &adspend_tests::sim::CatalogSpec::for_ads(args.ads),
         3,
     )?;
-    for durable in [true, false] {
-        let wanted = if durable {
-            Sync::Durable
-        } else {
-            Sync::Default
-        };
-        if !args.e2e_syncs.contains(&wanted) {
+    for sync in [NatsSync::Durable, NatsSync::Default] {
+        if !args.e2e_syncs.contains(&sync) {
             continue;
         }
+        let durable = sync == NatsSync::Durable;
         let setting = if durable {
             "sync_interval always"
         } else {

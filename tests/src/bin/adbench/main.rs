@@ -69,7 +69,7 @@ struct Args {
         value_delimiter = ',',
         default_value = "durable,default"
     )]
-    e2e_syncs: Vec<e2e::Sync>,
+    e2e_syncs: Vec<e2e::NatsSync>,
     /// Events per second of the freshness runs. Without it each freshness
     /// run follows a sustained run and publishes at half its rate; with it
     /// the sustained runs are skipped (for comparing builds and settings on
@@ -215,7 +215,8 @@ fn scratch(args: &Args, name: &str) -> anyhow::Result<tempfile::TempDir> {
         .context("scratch directory")
 }
 
-/// `NAME=value` of an `ADSPEND_*` setting.
+/// `NAME=value` of an `ADSPEND_*` setting, an allocator option
+/// (`MIMALLOC_*`) or the log filter (`RUST_LOG`).
 fn name_value(arg: &str) -> Result<(String, String), String> {
     match arg.split_once('=') {
         Some((name, value))
