@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use adspend_tests::bench::e2e;
 use adspend_tests::bench::report::{number, Samples, Table, Target};
+use adspend_tests::bench::{e2e, host};
 use adspend_tests::pipeline::Backends;
 
 use crate::Args;
@@ -35,8 +35,18 @@ pub(crate) async fn end_to_end(args: &Args, table: &mut Table) -> anyhow::Result
         };
         let (mut rates, mut p50, mut p99) =
             (Samples::default(), Samples::default(), Samples::default());
-        // A pipeline of the contract's defaults and `--e2e-service-env`.
+        // A pipeline of the contract's defaults and `--e2e-service-env`,
+        // once the machine is done with the memory the last one freed.
         let start = || async {
+            if let Some(settled) = host::wait_for_page_reporting().await {
+                if settled.reported_mib > 0 {
+                    println!(
+                        "bench:   waited {:.1} s while {} MiB freed by the run before went back to the hypervisor",
+                        settled.waited.as_secs_f64(),
+                        number(settled.reported_mib as f64)
+                    );
+                }
+            }
             e2e::start_with_ports(
                 catalog.clone(),
                 durable,

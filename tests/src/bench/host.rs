@@ -1,0 +1,63 @@
+//! What the machine is still doing for the run before, which the next
+//! measured run must not pay for.
+//!
+//! On a virtual machine with free page reporting (virtio-balloon), Linux
+//! hands memory it freed back to the hypervisor, in 2 MiB blocks, starting
+//! a couple of seconds after the free. A finished pipeline frees gigabytes
+//! at once (its NATS store's page cache when its directory is deleted, its
+//! processes' heaps), and the reporting then runs for 15-25 s. A
+//! freshness run started meanwhile had a p99 of 175-431 ms where the same
+//! run on a settled machine had 97-120 ms (`docs/BENCHMARKS.md`,
+//! "Freshness after a sustained run").
+
+use std::time::{Duration, Instant};
+
+/// The memory reported to the hypervisor since boot; absent without free
+/// page reporting.
+const REPORTED_KIB: &str = "/sys/module/page_reporting/parameters/reported_kib";
+/// Unchanged this long counts as done: longer than the kernel's delay
+/// (2 s) between a free and the reporting of it.
+const STILL_FOR: Duration = Duration::from_secs(4);
+const POLL: Duration = Duration::from_millis(250);
+/// The longest wait; a machine whose reporting never settles is measured
+/// as it is.
+const AT_MOST: Duration = Duration::from_secs(120);
+
+/// How long [`wait_for_page_reporting`] waited, and how much it saw
+/// reported meanwhile.
+#[derive(Debug, Clone, Copy)]
+pub struct Settled {
+    pub waited: Duration,
+    pub reported_mib: u64,
+}
+
+/// Waits until the machine has stopped reporting freed memory to the
+/// hypervisor (the count unchanged for [`STILL_FOR`], at most
+/// [`AT_MOST`]); `None` on a machine without free page reporting.
+pub async fn wait_for_page_reporting() -> Option<Settled> {
+    let read = || -> Option<u64> {
+        std::fs::read_to_string(REPORTED_KIB)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    let first = read()?;
+    let started = Instant::now();
+    let mut last = first;
+    let mut still_since = started;
+    while started.elapsed() < AT_MOST {
+        tokio::time::sleep(POLL).await;
+        let now = read()?;
+        if now != last {
+            last = now;
+            still_since = Instant::now();
+        } else if still_since.elapsed() >= STILL_FOR {
+            break;
+        }
+    }
+    Some(Settled {
+        waited: started.elapsed(),
+        reported_mib: last.saturating_sub(first) / 1024,
+    })
+}
