@@ -10,6 +10,7 @@
 //! run on a settled machine had 97-120 ms (`docs/BENCHMARKS.md`,
 //! "Freshness after a sustained run").
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// The memory reported to the hypervisor since boot; absent without free
@@ -35,24 +36,23 @@ pub struct Settled {
 /// hypervisor (the count unchanged for [`STILL_FOR`], at most
 /// [`AT_MOST`]); `None` on a machine without free page reporting.
 pub async fn wait_for_page_reporting() -> Option<Settled> {
-    let read = || -> Option<u64> {
-        std::fs::read_to_string(REPORTED_KIB)
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
-    };
+    wait_until_still(Path::new(REPORTED_KIB), STILL_FOR, POLL).await
+}
+
+/// Waits until the count in `path` (KiB) has not changed for `still`.
+async fn wait_until_still(path: &Path, still: Duration, poll: Duration) -> Option<Settled> {
+    let read = || -> Option<u64> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
     let first = read()?;
     let started = Instant::now();
     let mut last = first;
     let mut still_since = started;
     while started.elapsed() < AT_MOST {
-        tokio::time::sleep(POLL).await;
+        tokio::time::sleep(poll).await;
         let now = read()?;
         if now != last {
             last = now;
             still_since = Instant::now();
-        } else if still_since.elapsed() >= STILL_FOR {
+        } else if still_since.elapsed() >= still {
             break;
         }
     }
@@ -60,4 +60,38 @@ pub async fn wait_for_page_reporting() -> Option<Settled> {
         waited: started.elapsed(),
         reported_mib: last.saturating_sub(first) / 1024,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn waits_while_the_count_grows_and_reports_what_it_saw() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("reported_kib");
+        std::fs::write(&path, "1024\n").unwrap();
+        let writer = {
+            let path = path.clone();
+            tokio::spawn(async move {
+                for kib in [2048, 4096, 9216] {
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    std::fs::write(&path, format!("{kib}\n")).unwrap();
+                }
+            })
+        };
+        let still = Duration::from_millis(400);
+        let settled = wait_until_still(&path, still, Duration::from_millis(20))
+            .await
+            .expect("a count to follow");
+        writer.await.unwrap();
+        assert_eq!(settled.reported_mib, 8, "from 1,024 to 9,216 KiB");
+        assert!(settled.waited >= Duration::from_millis(450) + still);
+    }
+
+    #[tokio::test]
+    async fn no_count_no_wait() {
+        let missing = Path::new("/nonexistent/reported_kib");
+        assert!(wait_until_still(missing, STILL_FOR, POLL).await.is_none());
+    }
 }
