@@ -39,6 +39,20 @@ pub async fn wait_for_page_reporting() -> Option<Settled> {
     wait_until_still(Path::new(REPORTED_KIB), STILL_FOR, POLL).await
 }
 
+/// [`wait_for_page_reporting`], saying how long it waited when the run
+/// before had freed anything.
+pub async fn settle() {
+    if let Some(settled) = wait_for_page_reporting().await {
+        if settled.reported_mib > 0 {
+            println!(
+                "bench:   waited {:.1} s while {} MiB freed by the run before went back to the hypervisor",
+                settled.waited.as_secs_f64(),
+                super::report::number(settled.reported_mib as f64)
+            );
+        }
+    }
+}
+
 /// Waits until the count in `path` (KiB) has not changed for `still`.
 async fn wait_until_still(path: &Path, still: Duration, poll: Duration) -> Option<Settled> {
     let read = || -> Option<u64> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };

@@ -38,15 +38,7 @@ pub(crate) async fn end_to_end(args: &Args, table: &mut Table) -> anyhow::Result
         // A pipeline of the contract's defaults and `--e2e-service-env`,
         // once the machine is done with the memory the last one freed.
         let start = || async {
-            if let Some(settled) = host::wait_for_page_reporting().await {
-                if settled.reported_mib > 0 {
-                    println!(
-                        "bench:   waited {:.1} s while {} MiB freed by the run before went back to the hypervisor",
-                        settled.waited.as_secs_f64(),
-                        number(settled.reported_mib as f64)
-                    );
-                }
-            }
+            host::settle().await;
             e2e::start_with_ports(
                 catalog.clone(),
                 durable,

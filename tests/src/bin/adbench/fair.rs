@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use adspend_tests::bench::fair::{self, quantile, Scenario, Surge, SOURCES};
+use adspend_tests::bench::host;
 use adspend_tests::bench::report::{Samples, Table};
 
 use crate::Args;
@@ -47,6 +48,9 @@ pub(crate) async fn fair_sharing(args: &Args, table: &mut Table) -> anyhow::Resu
             let (mut worst_ratio, mut drain) = (Samples::default(), Samples::default());
             let (mut after, mut backlog_drained) = (Samples::default(), Samples::default());
             for run in 0..args.runs {
+                // Not while the run before's memory goes back to the
+                // hypervisor (`host`).
+                host::settle().await;
                 let outcome = fair::run(&Scenario {
                     scheduling,
                     surge,
