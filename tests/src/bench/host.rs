@@ -5,8 +5,8 @@
 //! hands memory it freed back to the hypervisor, in 2 MiB blocks, starting
 //! a couple of seconds after the free. A finished pipeline frees gigabytes
 //! at once (its NATS store's page cache when its directory is deleted, its
-//! processes' heaps), and the reporting then runs for 15-25 s. A
-//! freshness run started meanwhile had a p99 of 175-431 ms where the same
+//! processes' heaps), and the reporting then runs for 15-65 s. A
+//! freshness run started meanwhile had a p99 of 175-524 ms where the same
 //! run on a settled machine had 97-120 ms (`docs/BENCHMARKS.md`,
 //! "Freshness after a sustained run").
 
