@@ -21,7 +21,7 @@ use heed::RwTxn;
 use rustc_hash::FxHashMap;
 use tokio::sync::{mpsc, watch};
 
-use crate::dedupe::{self, IdSet};
+use crate::dedupe::{self, IdSet, ShardOrder};
 use crate::delta::Changes;
 use crate::error::Error;
 use crate::fence::Validity;
@@ -99,6 +99,10 @@ pub struct Writer {
     ids: IdSet,
     /// Packed ids first seen by the transaction in progress.
     new_ids: Vec<u8>,
+    /// The ids of the group in progress, in stream order, and which of them
+    /// are new (kept between groups: no allocation per group).
+    group_ids: Vec<u128>,
+    shard_order: ShardOrder,
     /// The shard, as the `shard` label of the writer's gauges.
     shard: String,
     /// In cluster mode, the lease this writer applies under: no commit once
@@ -144,6 +148,8 @@ impl Writer {
             requests: 0,
             ids,
             new_ids: Vec::new(),
+            group_ids: Vec::new(),
+            shard_order: ShardOrder::default(),
             shard: "all".to_string(),
             lease: None,
             changes: Arc::new(Mutex::new(Changes::at(last_applied_seq))),
@@ -259,6 +265,24 @@ impl Writer {
         let mut projected: FxHashMap<&str, u64> = FxHashMap::default();
         let mut overflowed: Vec<Overflowed> = Vec::new();
         self.new_ids.clear();
+        // Which ids are new is decided for the whole group first, shard by
+        // shard (see `IdSet::insert_in_shard_order`); the loop below reads
+        // the answers in the same order, skipping the same messages.
+        self.group_ids.clear();
+        let mut through = applied_through;
+        for incoming in group {
+            if incoming.seq <= through {
+                continue;
+            }
+            through = incoming.seq;
+            if let SpendMessage::Batch(batch) = &incoming.message {
+                let ids = batch.tuples.iter().map(|t| dedupe::id_key(&t.msg_id.0));
+                self.group_ids.extend(ids);
+            }
+        }
+        self.ids
+            .insert_in_shard_order(&self.group_ids, &mut self.shard_order);
+        let mut answers = self.shard_order.fresh.iter().copied();
         for incoming in group {
             if incoming.seq <= applied_through {
                 stats.replayed_by_seq += incoming.tuples() as u64;
@@ -277,7 +301,8 @@ impl Writer {
                     local.clear();
                     local.resize(batch.limits.len(), LocalSum::default());
                     for tuple in &batch.tuples {
-                        if !self.ids.insert(dedupe::id_key(&tuple.msg_id.0)) {
+                        let fresh = answers.next().expect("an answer for every tuple");
+                        if !fresh {
                             stats.duplicates_by_id += 1;
                             continue;
                         }
