@@ -4,7 +4,8 @@
 #   scripts/install-deps.sh test   -> also etcd, an S3-compatible server (moto), redis-server (the
 #                                     benchmark's Redis-Lua peer, whose tests run too), chromium (dashboard test),
 #                                     cargo-deny (built from crates.io into .tools/bin)
-#   scripts/install-deps.sh bench  -> the same as test
+#   scripts/install-deps.sh bench  -> test's, without cargo-deny (only test.sh's crate checks use it;
+#                                     building it cost a newcomer 10-15 minutes before the first figure)
 #   scripts/install-deps.sh cluster -> run's, plus what scripts/cluster.sh builds its images from:
 #                                     etcd-server and etcd-client (copied into a scratch image), debootstrap
 #                                     (the S3 image's Debian root), moto[server] (installed into that root)
@@ -67,7 +68,7 @@ fi
 # cargo-deny (test.sh's licence, duplicate and source checks of the crate
 # graph): built from crates.io into .tools/bin, once.
 cargo_deny_version=0.20.2
-if [ "$mode" = test ] || [ "$mode" = bench ]; then
+if [ "$mode" = test ]; then
   if ! "$tools/bin/cargo-deny" --version 2>/dev/null | grep -qx "cargo-deny $cargo_deny_version"; then
     echo "install-deps: cargo install cargo-deny $cargo_deny_version into .tools/bin (about 10-15 minutes on 2 cores, once)"
     started=$(date +%s)
