@@ -52,6 +52,10 @@ pub struct Scenario {
     /// Settings for the limiter besides the scheduling (`ADSPEND_*` name,
     /// value), to compare tunings on the same traffic.
     pub limiter_env: Vec<(String, String)>,
+    /// The most messages each source's ad server keeps published and not
+    /// yet acknowledged by JetStream. A's backlog goes out at this many at
+    /// a time: what waits in NATS's ingest ahead of the others' messages.
+    pub max_unacked: usize,
 }
 
 /// Freshness (seconds) of one source's messages, per phase.
@@ -161,6 +165,7 @@ struct Publisher {
     /// Events published so far.
     published: u64,
     acks: tokio::task::JoinSet<anyhow::Result<()>>,
+    max_unacked: usize,
 }
 
 /// `events` impressions of `source` as one NDJSON message, with ids from
@@ -218,7 +223,7 @@ impl Publisher {
         self.sent.lock().await.marks.push((at, upto));
         self.acks
             .spawn(async move { ack.await.map(|_| ()).context("publish ack") });
-        while self.acks.len() > 512 {
+        while self.acks.len() > self.max_unacked {
             self.acks.join_next().await.expect("non-empty")??;
         }
         Ok(())
@@ -311,6 +316,7 @@ pub async fn run(s: &Scenario) -> anyhow::Result<Outcome> {
             next_id: 0,
             published: 0,
             acks: tokio::task::JoinSet::new(),
+            max_unacked: s.max_unacked,
         };
         let backlog = backlogs.remove(source).unwrap_or_default();
         let stored = backlog_stored.clone();

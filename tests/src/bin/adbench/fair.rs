@@ -59,6 +59,7 @@ pub(crate) async fn fair_sharing(args: &Args, table: &mut Table) -> anyhow::Resu
                     steady: Duration::from_secs(5),
                     surge_for: Duration::from_secs(args.fair_secs),
                     limiter_env: args.fair_limiter_env.clone(),
+                    max_unacked: args.fair_max_unacked,
                 })
                 .await?;
                 anyhow::ensure!(

@@ -121,6 +121,11 @@ struct Args {
     /// Events A replays at once in the fair section's backlog case.
     #[arg(long, default_value_t = 3_000_000)]
     fair_backlog: u64,
+    /// The most publishes each source of the fair section keeps waiting for
+    /// their JetStream ack (A's backlog goes out this many messages of 1,000
+    /// events at a time).
+    #[arg(long, default_value_t = 512)]
+    fair_max_unacked: usize,
     /// Seconds of A's surge in the fair section.
     #[arg(long, default_value_t = 10)]
     fair_secs: u64,
