@@ -79,6 +79,20 @@ impl Default for LocalSum {
     }
 }
 
+/// Each message of `group` with whether it comes after `through` and every
+/// message before it: a replay's messages, at or below the last applied
+/// sequence, are skipped by sequence. One rule for both of the writer's
+/// passes over a group.
+fn by_sequence(group: &[Incoming], mut through: u64) -> impl Iterator<Item = (&Incoming, bool)> {
+    group.iter().map(move |incoming| {
+        let new = incoming.seq > through;
+        if new {
+            through = incoming.seq;
+        }
+        (incoming, new)
+    })
+}
+
 /// Checked addition of micros; an overflow names the sum.
 fn checked(a: u64, b: u64, limit: &str, bucket: u32) -> Result<u64, Error> {
     a.checked_add(b).ok_or_else(|| Error::Overflow {
@@ -269,12 +283,7 @@ impl Writer {
         // shard (see `IdSet::insert_in_shard_order`); the loop below reads
         // the answers in the same order, skipping the same messages.
         self.group_ids.clear();
-        let mut through = applied_through;
-        for incoming in group {
-            if incoming.seq <= through {
-                continue;
-            }
-            through = incoming.seq;
+        for (incoming, _) in by_sequence(group, applied_through).filter(|(_, new)| *new) {
             if let SpendMessage::Batch(batch) = &incoming.message {
                 let ids = batch.tuples.iter().map(|t| dedupe::id_key(&t.msg_id.0));
                 self.group_ids.extend(ids);
@@ -283,8 +292,8 @@ impl Writer {
         self.ids
             .insert_in_shard_order(&self.group_ids, &mut self.shard_order);
         let mut answers = self.shard_order.fresh.iter().copied();
-        for incoming in group {
-            if incoming.seq <= applied_through {
+        for (incoming, new) in by_sequence(group, applied_through) {
+            if !new {
                 stats.replayed_by_seq += incoming.tuples() as u64;
                 continue;
             }
@@ -301,8 +310,7 @@ impl Writer {
                     local.clear();
                     local.resize(batch.limits.len(), LocalSum::default());
                     for tuple in &batch.tuples {
-                        let fresh = answers.next().expect("an answer for every tuple");
-                        if !fresh {
+                        if !answers.next().expect("an answer for every tuple") {
                             stats.duplicates_by_id += 1;
                             continue;
                         }
