@@ -138,14 +138,14 @@ impl Downstream {
     }
 
     /// A round begins; see [`Backlog::round`].
-    pub fn round(&self, others_since: Option<i64>) {
+    pub fn round(&self, backlog: bool, others_since: Option<i64>) {
         if self.bound == 0 {
             return;
         }
         self.backlog
             .lock()
             .expect("backlog lock")
-            .round(others_since);
+            .round(backlog, others_since);
     }
 
     /// Resolves at the next report.

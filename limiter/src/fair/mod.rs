@@ -51,6 +51,12 @@ pub const USAGE_WINDOW: Duration = Duration::from_secs(5);
 /// Payload bytes one round takes at most (and `max_batch` messages): short
 /// rounds, so a waiting source is never behind one huge chunk.
 pub const ROUND_BYTES: u64 = 4 * 1024 * 1024;
+/// Payload bytes the backlogs may take together in one round while other
+/// sources compete (and the window is on): a round is what a newly arrived
+/// message of another source may wait behind, so while a backlog drains the
+/// rounds stay short (about 6,500 of the benchmark's events, a few
+/// milliseconds of the limiter), and the backlog goes on round after round.
+pub const BACKLOG_ROUND_BYTES: u64 = 512 * 1024;
 /// While only held sources have messages, how often the scheduler looks
 /// again (besides every progress report).
 const HELD_RECHECK: Duration = Duration::from_millis(10);

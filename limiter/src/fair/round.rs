@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use adspend_common::now_ms;
 
 use super::drr::{self, LaneView};
-use super::{sources, Scheduler, ROUND_BYTES};
+use super::{sources, Scheduler, BACKLOG_ROUND_BYTES, ROUND_BYTES};
 use crate::PullMessage;
 
 impl Scheduler {
@@ -14,11 +14,12 @@ impl Scheduler {
         let now = Instant::now();
         let views = self.refresh(now);
         // The window in payload bytes, at the bytes per tuple seen so far
-        // (none before anything was published).
+        // (none before anything was published), and no more than a short
+        // round's worth.
         let window = self.downstream.window().and_then(|(tuples, total)| {
             (total > 0).then(|| {
                 let per_tuple = self.bytes_taken as f64 / total as f64;
-                (tuples as f64 * per_tuple) as u64
+                ((tuples as f64 * per_tuple) as u64).min(BACKLOG_ROUND_BYTES)
             })
         });
         let plan = drr::plan(
@@ -72,7 +73,7 @@ impl Scheduler {
             chunk_bytes += self.take(i, room, &mut chunk, now);
             note(i, &chunk[before..]);
         }
-        self.downstream.round(others_since);
+        self.downstream.round(windowed, others_since);
         self.bytes_taken += chunk_bytes;
         for (i, lane) in self.lanes.iter_mut().enumerate() {
             lane.held_back = plan.held_back(i, &views[i]);

@@ -72,9 +72,17 @@ pub struct SourceResult {
     /// the freshness before the limiter can see a message, per phase.
     pub ingest_steady: Vec<f64>,
     pub ingest_surge: Vec<f64>,
+    /// From stored in `IMPRESSIONS` to the pacer holding the sum (seconds),
+    /// per phase (of the publish, as `steady` and `surge`): the freshness
+    /// from the moment the limiter can see a message, which is what its
+    /// scheduling decides. The time into the stream is NATS's and the ad
+    /// server's.
+    pub pipeline_steady: Vec<f64>,
+    pub pipeline_surge: Vec<f64>,
     /// Every message's freshness and time into the stream, as `(kind,
-    /// seconds since the run started, seconds)`, kind `fresh` (at publish)
-    /// or `into_stream` (at stored).
+    /// seconds since the run started, seconds)`, kind `fresh` (at publish),
+    /// `into_stream` (at stored) or `from_stream` (at stored: stored to
+    /// the pacer).
     pub series: Vec<(&'static str, f64, f64)>,
     pub events: u64,
 }
@@ -151,10 +159,19 @@ pub async fn start(scheduling: &str, limiter_env: &[(String, String)]) -> anyhow
 /// (when, lifetime spend) per source, as the pacer served it.
 type Polls = Arc<Mutex<BTreeMap<&'static str, Vec<(Instant, u64)>>>>;
 
-/// What a source published: per message, when and the events up to it.
+/// One published message.
+struct Mark {
+    at: Instant,
+    /// The source's events published up to and including it.
+    upto: u64,
+    /// Its first impression's id (finds it in the stream).
+    first_id: String,
+}
+
+/// What a source published, message by message.
 #[derive(Default)]
 struct Sent {
-    marks: Vec<(Instant, u64)>,
+    marks: Vec<Mark>,
 }
 
 struct Publisher {
@@ -166,6 +183,11 @@ struct Publisher {
     published: u64,
     acks: tokio::task::JoinSet<anyhow::Result<()>>,
     max_unacked: usize,
+}
+
+/// The id of `source`'s impression number `n`.
+fn impression_id(source: &str, n: u64) -> String {
+    format!("{source}-{n}")
 }
 
 /// `events` impressions of `source` as one NDJSON message, with ids from
@@ -186,32 +208,39 @@ fn payload(source: &str, first: u64, events: u64) -> bytes::Bytes {
 /// during an outage has its messages at hand, so the benchmark's own
 /// formatting stays out of the surge (ids from 2^40 on, apart from the
 /// steady ones).
-fn backlog(source: &str, events: u64) -> Vec<(bytes::Bytes, u64)> {
+fn backlog(source: &str, events: u64) -> Vec<(bytes::Bytes, u64, String)> {
     const MESSAGE: u64 = 1_000;
     (0..events)
         .step_by(MESSAGE as usize)
         .map(|first| {
-            let n = MESSAGE.min(events - first);
-            (payload(source, (1 << 40) + first, n), n)
+            let (n, first) = (MESSAGE.min(events - first), (1 << 40) + first);
+            (payload(source, first, n), n, impression_id(source, first))
         })
         .collect()
 }
 
 impl Publisher {
-    /// `events` impressions as one NDJSON message, numbered on from the last.
-    fn payload(&mut self, events: u64) -> bytes::Bytes {
+    /// `events` impressions as one NDJSON message, numbered on from the
+    /// last, and its first id.
+    fn payload(&mut self, events: u64) -> (bytes::Bytes, String) {
         let payload = payload(self.source, self.next_id, events);
+        let first_id = impression_id(self.source, self.next_id);
         self.next_id += events;
-        payload
+        (payload, first_id)
     }
 
     async fn publish(&mut self, events: u64) -> anyhow::Result<()> {
-        let payload = self.payload(events);
-        self.send(payload, events).await
+        let (payload, first_id) = self.payload(events);
+        self.send(payload, events, first_id).await
     }
 
     /// Publish a message of `events` (built earlier, or just now).
-    async fn send(&mut self, payload: bytes::Bytes, events: u64) -> anyhow::Result<()> {
+    async fn send(
+        &mut self,
+        payload: bytes::Bytes,
+        events: u64,
+        first_id: String,
+    ) -> anyhow::Result<()> {
         let at = Instant::now();
         self.published += events;
         let upto = self.published;
@@ -220,7 +249,11 @@ impl Publisher {
             .publish(format!("impressions.{}", self.source), payload)
             .await
             .context("publish")?;
-        self.sent.lock().await.marks.push((at, upto));
+        self.sent
+            .lock()
+            .await
+            .marks
+            .push(Mark { at, upto, first_id });
         self.acks
             .spawn(async move { ack.await.map(|_| ()).context("publish ack") });
         while self.acks.len() > self.max_unacked {
@@ -326,8 +359,8 @@ pub async fn run(s: &Scenario) -> anyhow::Result<Outcome> {
             match (source, surge) {
                 ("A", Surge::Flood) => publisher.steady(rate * 10.0, batch, end).await?,
                 ("A", Surge::Backlog(_)) => {
-                    for (payload, events) in backlog {
-                        publisher.send(payload, events).await?;
+                    for (payload, events, first_id) in backlog {
+                        publisher.send(payload, events, first_id).await?;
                     }
                     while let Some(r) = publisher.acks.join_next().await {
                         r??;
@@ -373,7 +406,7 @@ pub async fn run(s: &Scenario) -> anyhow::Result<Outcome> {
     let polls = polls.lock().await;
     let client = p.client().await;
     let backlog_stored = *backlog_stored.lock().await;
-    let stored_at = backlog_stored.map(|(at, _)| at);
+    let stored_at_backlog = backlog_stored.map(|(at, _)| at);
     let surge_wall = started_wall + s.steady;
     let end_wall = surge_wall + s.surge_for;
     let mut exact = true;
@@ -387,47 +420,69 @@ pub async fn run(s: &Scenario) -> anyhow::Result<Outcome> {
             events: totals[source],
             ..Default::default()
         };
-        let ingest = super::stages::into_impressions(
-            &client,
-            Some(&format!("impressions.{source}")),
-            started_wall,
-            end_wall,
-        )
-        .await?;
-        let (surge_ms, start_ms) = (
+        let (surge_ms, start_ms, end_ms) = (
             super::stages::unix_ms(surge_wall),
             super::stages::unix_ms(started_wall),
+            super::stages::unix_ms(end_wall),
         );
-        for &(stored, delay) in ingest.series() {
+        // Everything stored, the drain's last messages included.
+        let stored = super::stages::impressions_stored(
+            &client,
+            &format!("impressions.{source}"),
+            started_wall,
+            SystemTime::now() + Duration::from_secs(3600),
+        )
+        .await?;
+        let mut stored_at = std::collections::HashMap::with_capacity(stored.len());
+        for m in &stored {
+            let delay = (m.stored_ms - m.ts_ms) as f64 / 1000.0;
+            stored_at.insert(m.first_id.as_str(), m.stored_ms);
+            if m.stored_ms >= end_ms {
+                continue;
+            }
             result.series.push((
                 "into_stream",
-                (stored - start_ms) as f64 / 1000.0,
-                delay as f64 / 1000.0,
+                (m.stored_ms - start_ms) as f64 / 1000.0,
+                delay,
             ));
-            let phase = if stored < surge_ms {
+            let phase = if m.stored_ms < surge_ms {
                 &mut result.ingest_steady
             } else {
                 &mut result.ingest_surge
             };
-            phase.push(delay as f64 / 1000.0);
+            phase.push(delay);
         }
         let sent = sents[source].lock().await;
         let mut cursor = 0;
-        for &(at, upto) in &sent.marks {
-            while cursor < source_polls.len() && source_polls[cursor].1 < upto * COST_MICROS {
+        for mark in &sent.marks {
+            while cursor < source_polls.len() && source_polls[cursor].1 < mark.upto * COST_MICROS {
                 cursor += 1;
             }
             let Some(&(seen, _)) = source_polls.get(cursor) else {
                 break;
             };
-            let fresh = seen.saturating_duration_since(at).as_secs_f64();
-            let offset = at.saturating_duration_since(started).as_secs_f64();
+            let fresh = seen.saturating_duration_since(mark.at).as_secs_f64();
+            let offset = mark.at.saturating_duration_since(started).as_secs_f64();
             result.series.push(("fresh", offset, fresh));
-            if at < surge_at {
+            // Stored to seen, on the wall clock of the stored time.
+            let pipeline = stored_at.get(mark.first_id.as_str()).map(|&stored_ms| {
+                let seen_ms = start_ms as f64
+                    + seen.saturating_duration_since(started).as_secs_f64() * 1000.0;
+                let pipeline = ((seen_ms - stored_ms as f64) / 1000.0).max(0.0);
+                result.series.push((
+                    "from_stream",
+                    (stored_ms - start_ms) as f64 / 1000.0,
+                    pipeline,
+                ));
+                pipeline
+            });
+            if mark.at < surge_at {
                 result.steady.push(fresh);
+                result.pipeline_steady.extend(pipeline);
             } else {
                 result.surge.push(fresh);
-                if stored_at.is_some_and(|stored| at >= stored) {
+                result.pipeline_surge.extend(pipeline);
+                if stored_at_backlog.is_some_and(|stored| mark.at >= stored) {
                     result.after_stored.push(fresh);
                 }
             }
@@ -440,7 +495,7 @@ pub async fn run(s: &Scenario) -> anyhow::Result<Outcome> {
             at.saturating_duration_since(published).as_secs_f64()
         }),
         exact,
-        backlog_stored_secs: stored_at
+        backlog_stored_secs: stored_at_backlog
             .map(|stored| stored.saturating_duration_since(surge_at).as_secs_f64()),
         backlog_drained_secs: backlog_stored.and_then(|(_, upto)| {
             let (seen, _) = polls

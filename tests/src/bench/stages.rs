@@ -178,6 +178,43 @@ pub async fn into_impressions(
     read_stream(&js, IMPRESSIONS_STREAM, subject, from, until, oldest_ts).await
 }
 
+/// One message of impressions as `IMPRESSIONS` stored it.
+#[derive(Debug, Clone)]
+pub struct StoredImpressions {
+    /// When JetStream stored it (unix ms).
+    pub stored_ms: i64,
+    /// Its oldest `ts` (unix ms).
+    pub ts_ms: i64,
+    /// The `id` of its first impression, which tells the message apart.
+    pub first_id: String,
+}
+
+/// Every message of impressions stored in `[from, until)` on `subject`, in
+/// stream order.
+pub async fn impressions_stored(
+    client: &async_nats::Client,
+    subject: &str,
+    from: SystemTime,
+    until: SystemTime,
+) -> anyhow::Result<Vec<StoredImpressions>> {
+    let js = jetstream::new(client.clone());
+    read_stream_with(
+        &js,
+        IMPRESSIONS_STREAM,
+        Some(subject),
+        from,
+        until,
+        |stored_ms, payload| {
+            Some(StoredImpressions {
+                stored_ms,
+                ts_ms: oldest_ts(payload)?,
+                first_id: first_id(payload)?.to_string(),
+            })
+        },
+    )
+    .await
+}
+
 /// Stored time − `began(payload)` of every message stored in the interval
 /// (messages for which `began` is `None`, such as checkpoint markers, are
 /// skipped), on `subject` when given.
@@ -189,6 +226,23 @@ async fn read_stream(
     until: SystemTime,
     began: impl Fn(&[u8]) -> Option<i64>,
 ) -> anyhow::Result<Delays> {
+    let delays = read_stream_with(js, name, subject, from, until, |stored_ms, payload| {
+        began(payload).map(|began| (stored_ms, stored_ms - began))
+    })
+    .await?;
+    Ok(Delays(delays))
+}
+
+/// `each(stored time, payload)` of every message stored in the interval,
+/// on `subject` when given, in stream order (`None`s left out).
+async fn read_stream_with<T>(
+    js: &jetstream::Context,
+    name: &str,
+    subject: Option<&str>,
+    from: SystemTime,
+    until: SystemTime,
+    mut each: impl FnMut(i64, &[u8]) -> Option<T>,
+) -> anyhow::Result<Vec<T>> {
     let mut stream = js
         .get_stream(name)
         .await
@@ -234,14 +288,20 @@ async fn read_stream(
         if stored_ms >= until_ms {
             break;
         }
-        if let Some(began) = began(&message.payload) {
-            delays.push((stored_ms, stored_ms - began));
-        }
+        delays.extend(each(stored_ms, &message.payload));
         if sequence >= last {
             break;
         }
     }
-    Ok(Delays(delays))
+    Ok(delays)
+}
+
+/// The `id` of the first impression of an NDJSON message.
+fn first_id(payload: &[u8]) -> Option<&str> {
+    const KEY: &[u8] = b"\"id\":\"";
+    let at = payload.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+    let len = payload[at..].iter().position(|&b| b == b'"')?;
+    std::str::from_utf8(&payload[at..at + len]).ok()
 }
 
 /// The oldest `"ts":` of an NDJSON message of impressions.
@@ -278,6 +338,8 @@ mod tests {
 {\"id\":\"c\",\"ad_id\":\"x\"}";
         assert_eq!(oldest_ts(payload), Some(1_700_000_000_100));
         assert_eq!(oldest_ts(b"not json"), None);
+        assert_eq!(first_id(payload), Some("a"));
+        assert_eq!(first_id(b"{\"ad_id\":\"x\"}"), None);
     }
 
     #[test]
