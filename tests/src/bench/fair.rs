@@ -31,6 +31,9 @@ const TICK: Duration = Duration::from_millis(10);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Surge {
+    /// No surge: A keeps its rate (the control, what the same seconds give
+    /// without a flood: checkpoints and the machine's own noise).
+    None,
     /// A publishes at ten times its rate during the surge.
     Flood,
     /// A publishes this many events as fast as JetStream takes them at the

@@ -13,6 +13,8 @@ use crate::Args;
 /// A's surge in the fair section (`--fair-surges`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum FairSurge {
+    /// The control: A keeps its rate.
+    None,
     Flood,
     Backlog,
 }
@@ -36,6 +38,7 @@ impl Scheduling {
 
 pub(crate) async fn fair_sharing(args: &Args, table: &mut Table) -> anyhow::Result<()> {
     let surges = args.fair_surges.iter().map(|surge| match surge {
+        FairSurge::None => ("none", Surge::None),
         FairSurge::Flood => ("flood 10x", Surge::Flood),
         FairSurge::Backlog => ("backlog", Surge::Backlog(args.fair_backlog)),
     });

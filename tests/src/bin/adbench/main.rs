@@ -129,12 +129,13 @@ struct Args {
     /// Seconds of A's surge in the fair section.
     #[arg(long, default_value_t = 10)]
     fair_secs: u64,
-    /// A's surges of the fair section.
+    /// A's surges of the fair section (`none` is the control: the same
+    /// seconds with A at its rate).
     #[arg(
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "flood,backlog"
+        default_value = "none,flood,backlog"
     )]
     fair_surges: Vec<fair::FairSurge>,
     /// The limiter's schedulings compared in the fair section.
