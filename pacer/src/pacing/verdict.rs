@@ -129,7 +129,11 @@ pub fn verdict(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> Verdict
         } else {
             controlled.min(guard.cap)
         },
-        overspend_bound: guard.overspend_bound,
+        // A bound on how far the spend can end over the budget: what is
+        // over it already counts too, not only what is still in flight.
+        overspend_bound: guard
+            .overspend_bound
+            .saturating_add(spend.saturating_sub(limit.budget_micros)),
         watermark_ms,
         staleness_ms,
         stale,
@@ -232,6 +236,35 @@ mod tests {
         assert_eq!(v.remaining_micros, 50);
         assert!(v.exhausted);
         assert_eq!(v.pacing.multiplier, 0.0);
+    }
+
+    #[test]
+    fn the_stated_bound_counts_what_is_already_over_the_budget() {
+        let catalog = Catalog::parse(
+            "t",
+            br#"{"limits":{"l":{"budget_micros":1000,"period":"lifetime"}}}"#,
+        )
+        .unwrap();
+        let limit = catalog.limit("l").unwrap();
+        let now = Utc.with_ymd_and_hms(2026, 11, 21, 17, 0, 0).unwrap();
+        let mut state = SpendState::default();
+        // 12 events of 100 micros landed: 200 over the budget already.
+        push(
+            &mut state,
+            "l",
+            vec![(u32::MAX, 1_200)],
+            1_200,
+            12,
+            now.timestamp_millis(),
+        );
+        let v = verdict(limit, &state, now);
+        assert!(v.exhausted);
+        assert_eq!(v.remaining, 0);
+        assert!(
+            v.overspend_bound >= 200 + 100,
+            "the 200 over plus at least one event: {}",
+            v.overspend_bound
+        );
     }
 
     #[test]
