@@ -22,6 +22,11 @@ pub const MIN_WINDOW: u64 = 4_096;
 /// grows from there while the others' spend stays fresh.
 pub const ONSET_WINDOW: u64 = 16_384;
 
+/// A backlog this soon after the last round that had one continues it
+/// (unix ms): a source hovering about the lag threshold does not restart
+/// the window at every crossing.
+pub const ONSET_AFTER_MS: i64 = 1_000;
+
 /// The window: its bound, and when it follows the delay, its size now.
 #[derive(Debug, Clone, Copy)]
 pub struct Window {
@@ -58,8 +63,8 @@ pub struct Backlog {
     last_change: Option<i64>,
     /// The current round's others' oldest input, stored at (unix ms).
     round_since: Option<i64>,
-    /// Whether the last round had a backlog.
-    backlog: bool,
+    /// When the last round with a backlog began (unix ms).
+    last_backlog: Option<i64>,
 }
 
 /// One SPEND message (or several merged) not yet applied.
@@ -86,21 +91,28 @@ impl Backlog {
             limit: window.bound,
             last_change: None,
             round_since: None,
-            backlog: false,
+            last_backlog: None,
         }
     }
 
     /// A round begins: `backlog` whether some source has a backlog in it,
     /// `others_since` when the oldest input message of the sources other
     /// than the backlogs in it was stored (unix ms); `None` when no source
-    /// has a backlog, or the round has none of the others. A backlog after
-    /// none starts a window that follows the delay at [`ONSET_WINDOW`].
-    pub fn round(&mut self, backlog: bool, others_since: Option<i64>) {
-        if backlog && !self.backlog && self.window.target.is_some() {
-            self.limit = ONSET_WINDOW.clamp(MIN_WINDOW.min(self.window.bound), self.window.bound);
-            self.last_change = None;
+    /// has a backlog, or the round has none of the others; `now` unix ms.
+    /// A backlog after none for [`ONSET_AFTER_MS`] starts a window that
+    /// follows the delay at [`ONSET_WINDOW`].
+    pub fn round(&mut self, backlog: bool, others_since: Option<i64>, now: i64) {
+        if backlog {
+            let onset = self
+                .last_backlog
+                .is_none_or(|last| now.saturating_sub(last) > ONSET_AFTER_MS);
+            if onset && self.window.target.is_some() {
+                self.limit =
+                    ONSET_WINDOW.clamp(MIN_WINDOW.min(self.window.bound), self.window.bound);
+                self.last_change = None;
+            }
+            self.last_backlog = Some(now);
         }
-        self.backlog = backlog;
         self.round_since = others_since;
     }
 
@@ -408,19 +420,19 @@ mod tests {
         // whose other sources' oldest input was stored at 0 ms, published
         // at 10 ms and applied at 12 ms: it took 12 ms, under the target
         // though over half of it, so the window stays.
-        b.round(true, Some(ms(0)));
+        b.round(true, Some(ms(0)), ms(0));
         assert_eq!(b.limit(), ONSET_WINDOW);
         b.published(0, 1, 1_000, ms(10));
         b.progress(&all(1), ms(12));
         assert_eq!(b.limit(), ONSET_WINDOW);
         // Input stored at 20 ms, applied at 50 ms: 30 ms, past the target,
         // although its SPEND message waited only 5 ms.
-        b.round(true, Some(ms(20)));
+        b.round(true, Some(ms(20)), ms(40));
         b.published(0, 2, 1_000, ms(45));
         b.progress(&all(2), ms(50));
         assert_eq!(b.limit(), ONSET_WINDOW / 2);
         // A round of the backlog alone is timed from its acknowledgement.
-        b.round(true, None);
+        b.round(true, None, ms(100));
         b.published(0, 3, 1_000, ms(100));
         b.progress(&all(3), ms(101));
         assert_eq!(b.limit(), ONSET_WINDOW / 2 + ONSET_WINDOW / 8);
@@ -437,29 +449,35 @@ mod tests {
             },
         );
         // While nothing competes the window sits at the bound.
-        b.round(false, None);
+        b.round(false, None, ms(0));
         assert_eq!(b.limit(), 100_000);
-        b.round(true, Some(ms(0)));
+        b.round(true, Some(ms(0)), ms(0));
         assert_eq!(b.limit(), ONSET_WINDOW, "a backlog starts small");
         // It grows while the others' spend is fresh, and a continuing
         // backlog does not start it again.
         for n in 1..=3 {
-            b.round(true, Some(ms(10 * n)));
+            b.round(true, Some(ms(10 * n)), ms(10 * n));
             b.published(0, n as u64, 10, ms(10 * n));
             b.progress(&all(n as u64), ms(10 * n + 1));
         }
         let grown = b.limit();
         assert!(grown > ONSET_WINDOW, "{grown}");
-        b.round(true, None);
+        b.round(true, None, ms(40));
         assert_eq!(b.limit(), grown);
-        // The backlog ends; the next one starts small again.
-        b.round(false, None);
+        // A round without it, then the backlog again within a second: the
+        // same backlog, hovering about the threshold; it goes on.
+        b.round(false, None, ms(50));
         assert_eq!(b.limit(), grown);
-        b.round(true, None);
+        b.round(true, None, ms(40 + ONSET_AFTER_MS));
+        assert_eq!(b.limit(), grown);
+        // Over a second without one: the next starts small again.
+        let last = ms(40 + ONSET_AFTER_MS);
+        b.round(false, None, last + 500);
+        b.round(true, None, last + ONSET_AFTER_MS + 1);
         assert_eq!(b.limit(), ONSET_WINDOW);
         // A fixed window is not moved by backlogs.
         let mut fixed = Backlog::new(1, FIXED);
-        fixed.round(true, None);
+        fixed.round(true, None, ms(0));
         assert_eq!(fixed.limit(), FIXED.bound);
     }
 

@@ -145,7 +145,7 @@ impl Downstream {
         self.backlog
             .lock()
             .expect("backlog lock")
-            .round(backlog, others_since);
+            .round(backlog, others_since, now_ms());
     }
 
     /// Resolves at the next report.
