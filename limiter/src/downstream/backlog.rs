@@ -271,6 +271,12 @@ mod tests {
         target: None,
     };
 
+    /// A window of 100,000 tuples that follows a 20 ms target.
+    const FOLLOWING: Window = Window {
+        bound: 100_000,
+        target: Some(Duration::from_millis(20)),
+    };
+
     /// A backlog whose times all are `at`.
     struct At {
         b: Backlog,
@@ -368,13 +374,7 @@ mod tests {
     #[test]
     fn the_window_follows_the_delay_of_the_oldest_unapplied_tuple() {
         let ms = |n: i64| 1_000_000 + n;
-        let mut b = Backlog::new(
-            1,
-            Window {
-                bound: 100_000,
-                target: Some(Duration::from_millis(20)),
-            },
-        );
+        let mut b = Backlog::new(1, FOLLOWING);
         assert_eq!(b.limit(), 100_000, "starts at the bound");
         // Acknowledged at 0 and 5 ms, still unapplied at 30 ms: past the
         // target.
@@ -409,13 +409,7 @@ mod tests {
     #[test]
     fn the_window_halves_when_the_others_spend_took_too_long() {
         let ms = |n: i64| 1_000_000 + n;
-        let mut b = Backlog::new(
-            1,
-            Window {
-                bound: 100_000,
-                target: Some(Duration::from_millis(20)),
-            },
-        );
+        let mut b = Backlog::new(1, FOLLOWING);
         // A backlog appears: the window starts at the onset size. A round
         // whose other sources' oldest input was stored at 0 ms, published
         // at 10 ms and applied at 12 ms: it took 12 ms, under the target
@@ -441,13 +435,7 @@ mod tests {
     #[test]
     fn a_backlog_after_none_starts_the_window_small() {
         let ms = |n: i64| 1_000_000 + n;
-        let mut b = Backlog::new(
-            1,
-            Window {
-                bound: 100_000,
-                target: Some(Duration::from_millis(20)),
-            },
-        );
+        let mut b = Backlog::new(1, FOLLOWING);
         // While nothing competes the window sits at the bound.
         b.round(false, None, ms(0));
         assert_eq!(b.limit(), 100_000);

@@ -213,26 +213,32 @@ mod tests {
     use crate::pacing::view;
     use chrono::TimeZone;
 
-    #[test]
-    fn exhausted_when_the_remainder_cannot_pay_a_typical_event() {
+    /// A lifetime limit `l` of 1,000 micros with `events` events summing to
+    /// `spent` pushed, and the time they were pushed at.
+    fn lifetime_limit_spent(spent: u64, events: u64) -> (Catalog, SpendState, DateTime<Utc>) {
         let catalog = Catalog::parse(
             "t",
             br#"{"limits":{"l":{"budget_micros":1000,"period":"lifetime"}}}"#,
         )
         .unwrap();
-        let limit = catalog.limit("l").unwrap();
         let now = Utc.with_ymd_and_hms(2026, 11, 21, 17, 0, 0).unwrap();
         let mut state = SpendState::default();
-        // 10 events of 95 micros: 50 left, less than one typical event.
         push(
             &mut state,
             "l",
-            vec![(u32::MAX, 950)],
-            950,
-            10,
+            vec![(u32::MAX, spent)],
+            spent,
+            events,
             now.timestamp_millis(),
         );
-        let v = view(limit, &state, now);
+        (catalog, state, now)
+    }
+
+    #[test]
+    fn exhausted_when_the_remainder_cannot_pay_a_typical_event() {
+        // 10 events of 95 micros: 50 left, less than one typical event.
+        let (catalog, state, now) = lifetime_limit_spent(950, 10);
+        let v = view(catalog.limit("l").unwrap(), &state, now);
         assert_eq!(v.remaining_micros, 50);
         assert!(v.exhausted);
         assert_eq!(v.pacing.multiplier, 0.0);
@@ -240,24 +246,9 @@ mod tests {
 
     #[test]
     fn the_stated_bound_counts_what_is_already_over_the_budget() {
-        let catalog = Catalog::parse(
-            "t",
-            br#"{"limits":{"l":{"budget_micros":1000,"period":"lifetime"}}}"#,
-        )
-        .unwrap();
-        let limit = catalog.limit("l").unwrap();
-        let now = Utc.with_ymd_and_hms(2026, 11, 21, 17, 0, 0).unwrap();
-        let mut state = SpendState::default();
         // 12 events of 100 micros landed: 200 over the budget already.
-        push(
-            &mut state,
-            "l",
-            vec![(u32::MAX, 1_200)],
-            1_200,
-            12,
-            now.timestamp_millis(),
-        );
-        let v = verdict(limit, &state, now);
+        let (catalog, state, now) = lifetime_limit_spent(1_200, 12);
+        let v = verdict(catalog.limit("l").unwrap(), &state, now);
         assert!(v.exhausted);
         assert_eq!(v.remaining, 0);
         assert!(
