@@ -8,6 +8,7 @@ use async_nats::jetstream::{self, stream};
 use crate::config::NatsArgs;
 use crate::env;
 use crate::error::{Error, Result};
+use crate::telemetry::NATS_UNAUTHENTICATED;
 
 pub const IMPRESSIONS_STREAM: &str = "IMPRESSIONS";
 pub const IMPRESSIONS_SUBJECTS: &str = "impressions.>";
@@ -82,11 +83,41 @@ pub async fn connect(nats: &NatsArgs, name: &str) -> Result<async_nats::Client> 
         .collect();
     let connect = options.connect(servers);
     match tokio::time::timeout(Duration::from_secs(10), connect).await {
-        Ok(Ok(client)) => Ok(client),
+        Ok(Ok(client)) => {
+            report_authentication(&client, nats, name);
+            Ok(client)
+        }
         Ok(Err(e)) => Err(fail(e)),
         Err(_) => Err(fail(async_nats::ConnectError::new(
             async_nats::ConnectErrorKind::TimedOut,
         ))),
+    }
+}
+
+/// Says loudly, in the log and in [`NATS_UNAUTHENTICATED`], when the server
+/// just connected to lets clients in without authentication: then anyone
+/// who reaches it, an ad server included, may publish on any subject, e.g.
+/// a sum push with a huge owner epoch that freezes a limit in the pacer.
+/// Either sign is enough: the server's INFO does not ask for credentials,
+/// or this service has none configured and was let in all the same.
+fn report_authentication(client: &async_nats::Client, nats: &NatsArgs, service: &str) {
+    let server_requires_auth = client.server_info().auth_required;
+    let has_credentials = nats.nats_user.is_some() || nats.nats_tls_cert.is_some();
+    let open = !server_requires_auth || !has_credentials;
+    metrics::gauge!(NATS_UNAUTHENTICATED).set(if open { 1.0 } else { 0.0 });
+    if open {
+        tracing::error!(
+            service,
+            url = %nats.nats_url,
+            server_requires_auth,
+            has_credentials,
+            "NATS accepts clients without authentication: any client that reaches it, \
+             an ad server included, can publish spend, forge sum pushes to the pacer or \
+             delete streams; run NATS with the least-privilege users of \
+             deploy/nats-auth.conf (bash scripts/nats-auth.sh DIR writes its config) and \
+             give each service its ADSPEND_NATS_USER, ADSPEND_NATS_PASSWORD and \
+             ADSPEND_NATS_TLS_CA (docs/SECURITY.md)"
+        );
     }
 }
 

@@ -4,15 +4,21 @@
 //!
 //! Names follow one rule: `adspend_<component>_<thing>_<unit>`, where the
 //! component is the service that exports it (`limiter`, `aggregator`,
-//! `pacer`) or `catalog` for the catalog watcher the limiter and the pacer
-//! both run, and the unit is `total` (counters), `seconds` or `bytes`;
-//! gauges of a count carry no unit. The one exception is
+//! `pacer`), `catalog` for the catalog watcher the limiter and the pacer
+//! both run, or `nats` for the NATS connection every service makes; the
+//! unit is `total` (counters), `seconds` or `bytes`; gauges of a count or a
+//! state carry no unit. The one exception is
 //! `adspend_rejected_total`, whose name the external contract fixes.
 //! Every histogram has bucket bounds in [`HISTOGRAM_BUCKETS`], so none is
 //! exported as a summary.
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
+
+// every service
+/// 1 when the NATS server this service connected to lets clients in without
+/// authentication (anyone reaching it may publish anything), else 0.
+pub const NATS_UNAUTHENTICATED: &str = "adspend_nats_unauthenticated";
 
 // limiter
 pub const IMPRESSIONS_TOTAL: &str = "adspend_limiter_impressions_total";
@@ -197,7 +203,7 @@ mod tests {
             if name == "adspend_rejected_total" {
                 continue;
             }
-            let rest = ["limiter", "aggregator", "pacer", "catalog"]
+            let rest = ["limiter", "aggregator", "pacer", "catalog", "nats"]
                 .iter()
                 .find_map(|c| name.strip_prefix(&format!("adspend_{c}_")));
             let thing = rest.unwrap_or_else(|| panic!("{ident} = {name}: no component"));
