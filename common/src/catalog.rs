@@ -1,9 +1,12 @@
 //! The catalog: which budget limits each ad spends against, and the budgets.
 //!
 //! Parsing validates everything up front (ids, references, cycles, time
-//! zones) so the services never meet a half-valid catalog. Period arithmetic
-//! lives here too, because the limiter books spend to a period bucket and the
-//! pacer must agree on which bucket is current.
+//! zones, and the shape bounds [`MAX_PARENT_DEPTH`] and
+//! [`MAX_LIMITS_ABOVE_AD`]) so the services never meet a half-valid
+//! catalog, and works out each limit's ancestors once, so that a decision
+//! costs what its ad's limits cost rather than a walk through the catalog.
+//! Period arithmetic lives here too, because the limiter books spend to a
+//! period bucket and the pacer must agree on which bucket is current.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -15,6 +18,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 use crate::types::{Micros, LIFETIME_BUCKET, MAX_ID_LEN};
+
+/// Most parents above one limit (a limit without a `parent` is at depth 0;
+/// account → campaign → ad set puts the ad set at 2). A deeper catalog is
+/// refused: every decision computes a verdict for each limit above its ad.
+pub const MAX_PARENT_DEPTH: usize = 16;
+
+/// Most distinct limits above one ad: those it lists and all their
+/// ancestors. A catalog with an ad above this is refused, for the same
+/// reason as [`MAX_PARENT_DEPTH`].
+pub const MAX_LIMITS_ABOVE_AD: usize = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -175,6 +188,9 @@ pub struct Catalog {
     /// catalog's own, so input cannot flood the table: an unknown ad is one
     /// miss.
     pub ads: FxHashMap<Arc<str>, Vec<Arc<Limit>>>,
+    /// Each limit's ancestors, its parent first, worked out at parse time
+    /// (at most [`MAX_PARENT_DEPTH`] each).
+    ancestors: FxHashMap<Arc<str>, Box<[Arc<Limit>]>>,
 }
 
 fn check_id(kind: &str, id: &str) -> Result<(), String> {
@@ -225,23 +241,19 @@ impl Catalog {
                 }),
             );
         }
-        // Parent chains must end: walk each chain at most |limits| steps.
-        for limit in limits.values() {
-            let mut cursor = limit.parent.clone();
-            let mut steps = 0;
-            while let Some(parent) = cursor {
-                steps += 1;
-                if steps > limits.len() {
-                    return Err(format!("limit {:?}: parent chain has a cycle", limit.id));
-                }
-                cursor = limits[&parent].parent.clone();
-            }
-        }
+        let ancestors = ancestors_of_each(&limits)?;
         let mut ads = FxHashMap::with_capacity_and_hasher(raw.ads.len(), Default::default());
         for (ad, ids) in raw.ads {
             check_id("ad", &ad)?;
             if ids.is_empty() {
                 return Err(format!("ad {ad:?} lists no limits"));
+            }
+            // Checked before resolving: the list alone may be too long.
+            if ids.len() > MAX_LIMITS_ABOVE_AD {
+                return Err(format!(
+                    "ad {ad:?} lists {} limits, more than the {MAX_LIMITS_ABOVE_AD} allowed",
+                    ids.len()
+                ));
             }
             let mut resolved: Vec<Arc<Limit>> = Vec::with_capacity(ids.len());
             for id in &ids {
@@ -253,9 +265,20 @@ impl Catalog {
                 }
                 resolved.push(limit.clone());
             }
+            let above = distinct_above(&resolved, &ancestors).len();
+            if above > MAX_LIMITS_ABOVE_AD {
+                return Err(format!(
+                    "ad {ad:?}: {above} limits above it (its own and their parents), \
+                     more than the {MAX_LIMITS_ABOVE_AD} allowed"
+                ));
+            }
             ads.insert(Arc::from(ad.as_str()), resolved);
         }
-        Ok(Catalog { limits, ads })
+        Ok(Catalog {
+            limits,
+            ads,
+            ancestors,
+        })
     }
 
     pub fn limit(&self, id: &str) -> Option<&Arc<Limit>> {
@@ -267,23 +290,101 @@ impl Catalog {
         self.ads.get(ad_id).map(Vec::as_slice)
     }
 
-    /// Every limit above an ad: its own limits and all their ancestors,
-    /// each once.
-    pub fn limits_above_ad(&self, ad_id: &str) -> Option<Vec<Arc<Limit>>> {
-        let direct = self.limits_of_ad(ad_id)?;
-        let mut out: Vec<Arc<Limit>> = Vec::with_capacity(direct.len() + 2);
-        for limit in direct {
-            let mut cursor = Some(limit.clone());
-            while let Some(l) = cursor {
-                if out.iter().any(|seen| seen.id == l.id) {
-                    break;
-                }
-                cursor = l.parent.as_ref().and_then(|p| self.limits.get(p)).cloned();
-                out.push(l);
-            }
-        }
-        Some(out)
+    /// A limit's ancestors, its parent first; empty for a root or an
+    /// unknown id.
+    pub fn ancestors(&self, limit_id: &str) -> &[Arc<Limit>] {
+        self.ancestors.get(limit_id).map_or(&[], |a| &a[..])
     }
+
+    /// Every limit above an ad: its own limits and all their ancestors,
+    /// each once, at most [`MAX_LIMITS_ABOVE_AD`]; no walk through the
+    /// catalog (the ancestors were worked out when it was parsed).
+    pub fn limits_above_ad(&self, ad_id: &str) -> Option<Vec<&Arc<Limit>>> {
+        let direct = self.limits_of_ad(ad_id)?;
+        Some(distinct_above(direct, &self.ancestors))
+    }
+}
+
+/// `direct` and their ancestors, each once, in order.
+fn distinct_above<'a>(
+    direct: &'a [Arc<Limit>],
+    ancestors: &'a FxHashMap<Arc<str>, Box<[Arc<Limit>]>>,
+) -> Vec<&'a Arc<Limit>> {
+    let mut out: Vec<&Arc<Limit>> = Vec::with_capacity(direct.len() + 2);
+    for limit in direct {
+        let chain = ancestors.get(&limit.id).map_or(&[][..], |a| &a[..]);
+        for l in std::iter::once(limit).chain(chain) {
+            // A limit seen already brought its ancestors along.
+            if out.iter().any(|seen| Arc::ptr_eq(seen, l)) {
+                break;
+            }
+            out.push(l);
+        }
+    }
+    out
+}
+
+/// Each limit's ancestors, parent first, or why the parent chains are
+/// refused: one that loops, or one deeper than [`MAX_PARENT_DEPTH`]. Every
+/// limit is climbed once (a climb stops at a limit already worked out), so
+/// the cost is linear in the catalog whatever its shape.
+fn ancestors_of_each(
+    limits: &HashMap<Arc<str>, Arc<Limit>>,
+) -> Result<FxHashMap<Arc<str>, Box<[Arc<Limit>]>>, String> {
+    let mut ids: Vec<&Arc<str>> = limits.keys().collect();
+    // The first offending limit in id order is the one named.
+    ids.sort_unstable();
+    let mut done: FxHashMap<Arc<str>, Box<[Arc<Limit>]>> =
+        FxHashMap::with_capacity_and_hasher(limits.len(), Default::default());
+    for id in ids {
+        if done.contains_key(id) {
+            continue;
+        }
+        let mut path: Vec<&Arc<Limit>> = Vec::new();
+        let mut cursor = Some(&limits[id]);
+        // The chain above the climb, from the first limit already known.
+        let mut above: Vec<Arc<Limit>> = Vec::new();
+        while let Some(limit) = cursor {
+            if let Some(known) = done.get(&limit.id) {
+                above.push(limit.clone());
+                above.extend(known.iter().cloned());
+                break;
+            }
+            if path.iter().any(|seen| Arc::ptr_eq(seen, limit)) {
+                return Err(format!("limit {:?}: parent chain has a cycle", limit.id));
+            }
+            if path.len() > MAX_PARENT_DEPTH {
+                return Err(too_deep(limits, id));
+            }
+            path.push(limit);
+            cursor = limit.parent.as_ref().map(|p| &limits[p]);
+        }
+        if path.len() - 1 + above.len() > MAX_PARENT_DEPTH {
+            return Err(too_deep(limits, id));
+        }
+        for limit in path.into_iter().rev() {
+            done.insert(limit.id.clone(), above.clone().into_boxed_slice());
+            above.insert(0, limit.clone());
+        }
+    }
+    Ok(done)
+}
+
+/// The refusal of `id`'s chain, past [`MAX_PARENT_DEPTH`]: a cycle longer
+/// than that, or too deep (climbed once more, to tell which).
+fn too_deep(limits: &HashMap<Arc<str>, Arc<Limit>>, id: &Arc<str>) -> String {
+    let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let mut cursor = Some(&limits[id]);
+    while let Some(limit) = cursor {
+        if !seen.insert(&limit.id) {
+            return format!("limit {id:?}: parent chain has a cycle");
+        }
+        cursor = limit.parent.as_ref().map(|p| &limits[p]);
+    }
+    format!(
+        "limit {id:?}: {} parents above it, more than the {MAX_PARENT_DEPTH} allowed",
+        seen.len() - 1
+    )
 }
 
 #[cfg(test)]

@@ -199,17 +199,23 @@ proptest! {
     fn generated_catalogs_validate((limits, ads) in arb_catalog()) {
         // The expected catalog: id -> (budget, period, parent), in order.
         let mut expected: Vec<(String, u64, Period, Option<String>)> = Vec::new();
+        // Parents above each expected limit: a pick past MAX_PARENT_DEPTH
+        // goes without a parent (the depth bound has its own tests).
+        let mut depths: Vec<usize> = Vec::new();
         let mut doc_limits = serde_json::Map::new();
         for (i, (id, budget, daily, parent)) in limits.iter().enumerate() {
             if expected.iter().any(|(e, ..)| e == id) { continue; }
             let period = if *daily { Period::Daily } else { Period::Lifetime };
             let mut spec = serde_json::json!({"budget_micros": budget, "period": period.as_str(), "time_zone": "Asia/Kolkata"});
-            let parent = parent
+            let pick = parent
                 .filter(|_| i > 0 && !expected.is_empty())
-                .map(|p| expected[p % expected.len()].0.clone());
+                .map(|p| p % expected.len())
+                .filter(|&p| depths[p] < MAX_PARENT_DEPTH);
+            let parent = pick.map(|p| expected[p].0.clone());
             if let Some(parent) = &parent { spec["parent"] = serde_json::json!(parent); }
             doc_limits.insert(id.clone(), spec);
             expected.push((id.clone(), *budget, period, parent));
+            depths.push(pick.map_or(0, |p| depths[p] + 1));
         }
         let mut doc_ads = serde_json::Map::new();
         let mut expected_ads: Vec<(String, Vec<String>)> = Vec::new();
@@ -234,6 +240,15 @@ proptest! {
             prop_assert_eq!(limit.period, *period);
             prop_assert_eq!(limit.time_zone, kolkata);
             prop_assert_eq!(limit.parent.as_deref(), parent.as_deref());
+            // The precomputed ancestors are the walk through `parent`.
+            let mut walked: Vec<&str> = Vec::new();
+            let mut cursor = parent.as_deref();
+            while let Some(c) = cursor {
+                walked.push(c);
+                cursor = expected.iter().find(|(e, ..)| e == c).and_then(|(.., p)| p.as_deref());
+            }
+            let ancestors: Vec<&str> = catalog.ancestors(id).iter().map(|l| l.id.as_ref()).collect();
+            prop_assert_eq!(ancestors, walked);
         }
         prop_assert_eq!(catalog.ads.len(), expected_ads.len());
         for (ad, chosen) in &expected_ads {
@@ -270,4 +285,200 @@ proptest! {
         prop_assert!(bounds.start.unwrap() <= now && now < bounds.end.unwrap());
         prop_assert_eq!(bounds.bucket, limit.bucket_of(ts));
     }
+}
+
+/// A document of `limits` given as (id, parent) pairs, each with a lifetime
+/// budget, and `ads` as (ad, limits listed).
+fn shaped(limits: &[(String, Option<String>)], ads: &[(String, Vec<String>)]) -> String {
+    let limits: serde_json::Map<String, serde_json::Value> = limits
+        .iter()
+        .map(|(id, parent)| {
+            let mut spec = serde_json::json!({"budget_micros": 1, "period": "lifetime"});
+            if let Some(parent) = parent {
+                spec["parent"] = serde_json::json!(parent);
+            }
+            (id.clone(), spec)
+        })
+        .collect();
+    let ads: serde_json::Map<String, serde_json::Value> = ads
+        .iter()
+        .map(|(ad, listed)| (ad.clone(), serde_json::json!(listed)))
+        .collect();
+    serde_json::json!({"limits": limits, "ads": ads}).to_string()
+}
+
+/// `prefix-0` at the top, each `prefix-i` the parent of `prefix-(i+1)`:
+/// `prefix-n` has `n` parents above it.
+fn chain(prefix: &str, n: usize) -> Vec<(String, Option<String>)> {
+    (0..=n)
+        .map(|i| {
+            (
+                format!("{prefix}-{i}"),
+                i.checked_sub(1).map(|p| format!("{prefix}-{p}")),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_chain_deeper_than_the_maximum_is_refused_by_name() {
+    let at_max = shaped(
+        &chain("l", MAX_PARENT_DEPTH),
+        &[("ad".into(), vec![format!("l-{MAX_PARENT_DEPTH}")])],
+    );
+    let catalog = Catalog::parse("test.json", at_max.as_bytes()).unwrap();
+    assert_eq!(
+        catalog.limits_above_ad("ad").unwrap().len(),
+        MAX_PARENT_DEPTH + 1
+    );
+
+    let deeper = shaped(&chain("l", MAX_PARENT_DEPTH + 1), &[]);
+    let message = err_of(&deeper);
+    assert!(
+        message.contains(&format!(
+            "limit \"l-{}\": {} parents above it, more than the {MAX_PARENT_DEPTH} allowed",
+            MAX_PARENT_DEPTH + 1,
+            MAX_PARENT_DEPTH + 1
+        )),
+        "{message}"
+    );
+
+    // The attack of issue 27: a 20,000-deep chain. Refused (naming the
+    // first limit in id order past the maximum, here l-100), after one
+    // climb rather than one per limit.
+    let message = err_of(&shaped(&chain("l", 20_000), &[]));
+    assert!(
+        message.contains(&format!(
+            "limit \"l-100\": 100 parents above it, more than the {MAX_PARENT_DEPTH} allowed"
+        )),
+        "{message}"
+    );
+}
+
+#[test]
+fn cycles_are_refused_whatever_their_length() {
+    let own_parent = shaped(&[("a".into(), Some("a".into()))], &[]);
+    assert!(
+        err_of(&own_parent).contains("cycle"),
+        "{}",
+        err_of(&own_parent)
+    );
+    // Longer than MAX_PARENT_DEPTH: still named a cycle, not a deep chain.
+    for length in [3, MAX_PARENT_DEPTH + 1, 100] {
+        let mut limits = chain("c", length - 1);
+        limits[0].1 = Some(format!("c-{}", length - 1));
+        let message = err_of(&shaped(&limits, &[]));
+        assert!(
+            message.contains("parent chain has a cycle"),
+            "{length}: {message}"
+        );
+    }
+    // A cycle above a chain that ends in it.
+    let mut limits = chain("c", 3);
+    limits[0].1 = Some("c-2".into());
+    limits.push(("below".into(), Some("c-3".into())));
+    assert!(err_of(&shaped(&limits, &[])).contains("cycle"));
+}
+
+#[test]
+fn an_ad_with_more_limits_above_it_than_the_maximum_is_refused() {
+    // Listed directly.
+    let many: Vec<(String, Option<String>)> = (0..=MAX_LIMITS_ABOVE_AD)
+        .map(|i| (format!("l-{i}"), None))
+        .collect();
+    let listed: Vec<String> = many.iter().map(|(id, _)| id.clone()).collect();
+    let message = err_of(&shaped(&many, &[("wide".into(), listed.clone())]));
+    assert!(
+        message.contains(&format!(
+            "ad \"wide\" lists {} limits, more than the {MAX_LIMITS_ABOVE_AD} allowed",
+            MAX_LIMITS_ABOVE_AD + 1
+        )),
+        "{message}"
+    );
+    let at_max = shaped(
+        &many,
+        &[("ok".into(), listed[..MAX_LIMITS_ABOVE_AD].to_vec())],
+    );
+    Catalog::parse("test.json", at_max.as_bytes()).unwrap();
+
+    // Through parents: five limits listed, each 12 deep in its own chain,
+    // 65 limits above the ad.
+    let mut limits = Vec::new();
+    let mut listed = Vec::new();
+    for c in 0..5 {
+        limits.extend(chain(&format!("c{c}"), 12));
+        listed.push(format!("c{c}-12"));
+    }
+    let message = err_of(&shaped(&limits, &[("tall".into(), listed.clone())]));
+    assert!(
+        message.contains(&format!(
+            "ad \"tall\": 65 limits above it (its own and their parents), more than the {MAX_LIMITS_ABOVE_AD} allowed"
+        )),
+        "{message}"
+    );
+    // Shared ancestors count once: the same five chains meeting at one root.
+    for (id, parent) in limits.iter_mut() {
+        if id.ends_with("-0") {
+            *parent = Some("root".into());
+        }
+    }
+    limits.push(("root".into(), None));
+    for (id, parent) in limits.iter_mut() {
+        if id.ends_with("-1") {
+            *parent = Some("root".into());
+        }
+    }
+    limits.retain(|(id, _)| !id.ends_with("-0"));
+    let shared = shaped(&limits, &[("shared".into(), listed)]);
+    let catalog = Catalog::parse("test.json", shared.as_bytes()).unwrap();
+    assert_eq!(catalog.limits_above_ad("shared").unwrap().len(), 5 * 12 + 1);
+}
+
+#[test]
+fn ancestors_are_worked_out_at_parse_time_parent_first() {
+    let catalog = Catalog::parse("example", EXAMPLE.as_bytes()).unwrap();
+    let ancestors = catalog.ancestors("adset-7");
+    assert_eq!(ancestors.len(), 1);
+    // The catalog's own limit, not a copy: nothing to look up per decision.
+    assert!(Arc::ptr_eq(
+        &ancestors[0],
+        catalog.limit("campaign-1").unwrap()
+    ));
+    assert!(catalog.ancestors("campaign-1").is_empty());
+    assert!(catalog.ancestors("no-such-limit").is_empty());
+
+    let deep = shaped(
+        &chain("l", MAX_PARENT_DEPTH),
+        &[(
+            "ad".into(),
+            vec![format!("l-{MAX_PARENT_DEPTH}"), "l-3".into()],
+        )],
+    );
+    let catalog = Catalog::parse("test.json", deep.as_bytes()).unwrap();
+    let names: Vec<&str> = catalog
+        .ancestors(&format!("l-{MAX_PARENT_DEPTH}"))
+        .iter()
+        .map(|l| l.id.as_ref())
+        .collect();
+    let expected: Vec<String> = (0..MAX_PARENT_DEPTH)
+        .rev()
+        .map(|i| format!("l-{i}"))
+        .collect();
+    assert_eq!(names, expected);
+    for (i, limit) in catalog.ancestors("l-9").iter().enumerate() {
+        assert_eq!(
+            catalog.ancestors(&limit.id).len(),
+            8 - i,
+            "each ancestor's own chain is the rest of this one"
+        );
+    }
+    // Above the ad: the deep chain once; l-3, listed too, already in it.
+    let above: Vec<&str> = catalog
+        .limits_above_ad("ad")
+        .unwrap()
+        .iter()
+        .map(|l| l.id.as_ref())
+        .collect();
+    assert_eq!(above.len(), MAX_PARENT_DEPTH + 1);
+    assert_eq!(above[0], format!("l-{MAX_PARENT_DEPTH}"));
 }
