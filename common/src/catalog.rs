@@ -191,6 +191,8 @@ pub struct Catalog {
     /// Each limit's ancestors, its parent first, worked out at parse time
     /// (at most [`MAX_PARENT_DEPTH`] each).
     ancestors: FxHashMap<Arc<str>, Box<[Arc<Limit>]>>,
+    /// The limits in id order (pages of `GET /v1/limits` are slices of it).
+    in_order: Box<[Arc<Limit>]>,
 }
 
 fn check_id(kind: &str, id: &str) -> Result<(), String> {
@@ -274,10 +276,13 @@ impl Catalog {
             }
             ads.insert(Arc::from(ad.as_str()), resolved);
         }
+        let mut in_order: Vec<Arc<Limit>> = limits.values().cloned().collect();
+        in_order.sort_unstable_by(|a, b| a.id.cmp(&b.id));
         Ok(Catalog {
             limits,
             ads,
             ancestors,
+            in_order: in_order.into_boxed_slice(),
         })
     }
 
@@ -294,6 +299,15 @@ impl Catalog {
     /// unknown id.
     pub fn ancestors(&self, limit_id: &str) -> &[Arc<Limit>] {
         self.ancestors.get(limit_id).map_or(&[], |a| &a[..])
+    }
+
+    /// The limits whose ids sort after `after` (all of them without one),
+    /// in id order: a page is a prefix, found without sorting.
+    pub fn limits_after(&self, after: Option<&str>) -> &[Arc<Limit>] {
+        let start = after.map_or(0, |after| {
+            self.in_order.partition_point(|l| &*l.id <= after)
+        });
+        &self.in_order[start..]
     }
 
     /// Every limit above an ad: its own limits and all their ancestors,

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use adspend_common::catalog::Catalog;
-use adspend_common::telemetry::DECISIONS_TOTAL;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{from_fn, from_fn_with_state};
@@ -19,8 +18,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, RwLock};
 
 use crate::auth::{require_decide, require_read, Auth};
-use crate::pacing::{decide, view, Decision, LimitView};
-use crate::reply::{error, json_errors, method_not_allowed, not_found, ApiJson, ApiPath, ApiQuery};
+use crate::pacing::{view, LimitView};
+use crate::reply::{error, json_errors, method_not_allowed, not_found, ApiPath, ApiQuery};
 use crate::sources::SourceReports;
 use crate::state::SpendState;
 
@@ -33,6 +32,8 @@ pub struct AppState {
     pub spend: Arc<RwLock<SpendState>>,
     /// The limiters' latest per-source reports.
     pub sources: Arc<std::sync::Mutex<SourceReports>>,
+    /// Most ad ids in one decisions request (ADSPEND_PACER_MAX_DECISION_IDS).
+    pub max_decision_ids: usize,
 }
 
 /// The API port: everything.
@@ -45,7 +46,7 @@ pub fn router(state: AppState, auth: Auth) -> Router {
         .route("/v1/sources", get(list_sources))
         .route_layer(from_fn_with_state(auth.clone(), require_read));
     let decide = Router::new()
-        .route("/v1/decisions", post(decisions))
+        .route("/v1/decisions", post(crate::decisions::decisions))
         .route_layer(from_fn_with_state(auth, require_decide));
     let open = Router::new()
         .route("/", get(dashboard))
@@ -117,7 +118,8 @@ struct LimitsPage {
     next: Option<String>,
 }
 
-const MAX_PAGE: usize = 1000;
+/// Most limits in one page of `GET /v1/limits` (each a few hundred bytes).
+pub const MAX_PAGE: usize = 1000;
 
 async fn list_limits(State(app): State<AppState>, ApiQuery(page): ApiQuery<Page>) -> Response {
     let size = page.limit.unwrap_or(100);
@@ -128,23 +130,17 @@ async fn list_limits(State(app): State<AppState>, ApiQuery(page): ApiQuery<Page>
         );
     }
     let catalog = app.catalog.borrow().clone();
-    let mut ids: Vec<&str> = catalog
-        .limits
-        .keys()
-        .map(|id| &**id)
-        .filter(|id| page.after.as_deref().is_none_or(|after| *id > after))
-        .collect();
-    ids.sort_unstable();
-    let more = ids.len() > size;
-    ids.truncate(size);
+    // In id order already (the catalog's): a page costs its own size.
+    let rest = catalog.limits_after(page.after.as_deref());
+    let on_page = &rest[..size.min(rest.len())];
     let spend = app.spend.read().await;
     let now = Utc::now();
-    let limits: Vec<LimitView> = ids
+    let limits: Vec<LimitView> = on_page
         .iter()
-        .map(|id| view(&catalog.limits[*id], &spend, now))
+        .map(|limit| view(limit, &spend, now))
         .collect();
-    let next = if more {
-        ids.last().map(|s| s.to_string())
+    let next = if rest.len() > size {
+        on_page.last().map(|l| l.id.to_string())
     } else {
         None
     };
@@ -203,34 +199,6 @@ async fn list_sources(State(app): State<AppState>) -> Response {
         .unwrap_or_else(|e| e.into_inner())
         .view(now_ms);
     Json(view).into_response()
-}
-
-#[derive(Deserialize)]
-struct DecisionRequest {
-    ad_ids: Vec<String>,
-}
-
-#[derive(Serialize)]
-struct DecisionResponse {
-    decisions: Vec<Decision>,
-}
-
-/// On the bidder's hot path: one read lock and one catalog snapshot for the
-/// whole batch.
-async fn decisions(
-    State(app): State<AppState>,
-    ApiJson(request): ApiJson<DecisionRequest>,
-) -> Response {
-    let catalog = app.catalog.borrow().clone();
-    let spend = app.spend.read().await;
-    let now = Utc::now();
-    let decisions: Vec<Decision> = request
-        .ad_ids
-        .into_iter()
-        .map(|ad_id| decide(&catalog, &spend, ad_id, now))
-        .collect();
-    metrics::counter!(DECISIONS_TOTAL).increment(decisions.len() as u64);
-    Json(DecisionResponse { decisions }).into_response()
 }
 
 async fn metrics() -> Response {

@@ -10,6 +10,12 @@ use clap::Parser;
 use crate::auth::{parse_tokens, Auth};
 use crate::serve::HttpLimits;
 
+// The pacer's bounds on what one client can cost (docs/PACER-LIMITS.md).
+// Named here rather than in `adspend_common::env`, whose list the README's
+// settings table must match, until the README lists them.
+pub const PACER_MAX_CONNECTIONS_PER_ADDR: &str = "ADSPEND_PACER_MAX_CONNECTIONS_PER_ADDR";
+pub const PACER_MAX_DECISION_IDS: &str = "ADSPEND_PACER_MAX_DECISION_IDS";
+
 /// Holds budget state from the aggregators' pushes and answers ad servers:
 /// may I bid on this ad, how hard, what is left.
 #[derive(Parser, Clone, Debug)]
@@ -78,6 +84,20 @@ pub struct Config {
     #[arg(long, env = env::PACER_MAX_CONNECTIONS, default_value_t = 1024,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,
+    /// Most open connections on the API port from one client address (an
+    /// IPv6 client by its /64), so that one host cannot take every place
+    /// under ADSPEND_PACER_MAX_CONNECTIONS: one more is answered 429 and
+    /// closed. Behind a proxy every client has the proxy's address: set it
+    /// to ADSPEND_PACER_MAX_CONNECTIONS there. Above that, that one applies.
+    #[arg(long, env = PACER_MAX_CONNECTIONS_PER_ADDR, default_value_t = 128,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections_per_addr: u64,
+    /// Most ad ids in one POST /v1/decisions: a larger batch is answered
+    /// 413 (JSON) without being decided. With each ad's limits bounded by
+    /// the catalog's shape, this bounds a decision batch's time and answer.
+    #[arg(long, env = PACER_MAX_DECISION_IDS, default_value_t = 1_000,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub max_decision_ids: u64,
     /// The pacing served: `adspend` (its own) or `baseline` (LinkedIn-style
     /// pass-through rate, stop at the visible budget; for comparisons).
     #[arg(long, env = env::PACER_ALGORITHM, value_enum,
@@ -122,6 +142,7 @@ pub struct Settings {
     pub ops_addr: Option<SocketAddr>,
     pub auth: Auth,
     pub http: HttpLimits,
+    pub max_decision_ids: usize,
 }
 
 impl Config {
@@ -162,7 +183,10 @@ impl Config {
                 request_timeout: Duration::from_millis(self.request_timeout_ms),
                 idle_timeout: Duration::from_millis(self.idle_timeout_ms),
                 max_connections: self.max_connections as usize,
+                max_connections_per_addr: self.max_connections_per_addr.min(self.max_connections)
+                    as usize,
             },
+            max_decision_ids: self.max_decision_ids as usize,
         })
     }
 }
@@ -186,7 +210,23 @@ mod tests {
         assert_eq!(settings.http.request_timeout, Duration::from_secs(10));
         assert_eq!(settings.http.idle_timeout, Duration::from_secs(60));
         assert_eq!(settings.http.max_connections, 1024);
+        assert_eq!(settings.http.max_connections_per_addr, 128);
+        assert_eq!(settings.max_decision_ids, 1_000);
         assert_eq!(parse(&[]).stale_after_ms, 30_000);
+    }
+
+    #[test]
+    fn the_per_address_cap_is_at_most_the_connection_cap() {
+        let settings = parse(&["--max-connections=10"])
+            .validate()
+            .unwrap()
+            .settings;
+        assert_eq!(settings.http.max_connections_per_addr, 10);
+        let settings = parse(&["--max-connections-per-addr=3"])
+            .validate()
+            .unwrap()
+            .settings;
+        assert_eq!(settings.http.max_connections_per_addr, 3);
     }
 
     #[test]
@@ -214,6 +254,10 @@ mod tests {
         assert!(parse_err(&["--stale-after-ms=soon"]).contains("stale-after-ms"));
         assert!(parse_err(&["--request-timeout-ms=0"]).contains("request-timeout-ms"));
         assert!(parse_err(&["--max-connections=0"]).contains("max-connections"));
+        assert!(parse_err(&["--max-connections-per-addr=0"]).contains("max-connections-per-addr"));
+        assert!(parse_err(&["--max-decision-ids=0"]).contains("max-decision-ids"));
+        assert!(parse_err(&["--max-decision-ids=many"]).contains("max-decision-ids"));
+        assert!(parse_err(&["--max-decision-ids=100001"]).contains("100000"));
         let message = parse(&["--ops-addr=nowhere"])
             .validate()
             .unwrap_err()

@@ -3,16 +3,18 @@
 //! [`ingest`] subscribes to the sums pushes and folds them into
 //! [`state::SpendState`] (never backwards, fenced owners dropped, silent
 //! shards marked stale); [`api`] joins that state with the catalog's budgets
-//! through [`pacing`] to answer `/v1/limits` and `/v1/decisions`, and serves
-//! the dashboard, behind the optional bearer tokens of [`auth`], with JSON
+//! through [`pacing`] to answer `/v1/limits` and `/v1/decisions` (a batch
+//! bounded and decided a chunk at a time, `decisions`), and serves the
+//! dashboard, behind the optional bearer tokens of [`auth`], with JSON
 //! errors ([`reply`]), on listeners that [`serve`] guards against slow
-//! clients. [`sources`] keeps the limiters' per-source reports for
-//! `/v1/sources`.
+//! clients and greedy addresses. [`sources`] keeps the limiters' per-source
+//! reports for `/v1/sources`.
 
 pub mod api;
 pub mod auth;
 pub mod config;
 pub mod controller;
+mod decisions;
 pub mod error;
 pub mod ingest;
 pub mod pacing;
@@ -129,6 +131,8 @@ pub async fn run(
         read = scope(auth::Scope::Read),
         decide = scope(auth::Scope::Decide),
         max_connections = settings.http.max_connections,
+        max_connections_per_addr = settings.http.max_connections_per_addr,
+        max_decision_ids = settings.max_decision_ids,
         request_timeout_ms = settings.http.request_timeout.as_millis() as u64,
         "pacer serving"
     );
@@ -146,6 +150,7 @@ pub async fn run(
             catalog,
             spend,
             sources: reports,
+            max_decision_ids: settings.max_decision_ids,
         },
         settings.auth.clone(),
     );

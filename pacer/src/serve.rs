@@ -3,6 +3,11 @@
 //! - a cap on open connections: at the cap the listener stops accepting and
 //!   new connections wait in the kernel's backlog (HTTP/1, one request at a
 //!   time per connection, so this also caps concurrent requests);
+//! - a cap on open connections per client address ([`PerAddr`]; an IPv6
+//!   client counts by its /64): a connection past it is answered 429 (JSON)
+//!   and closed as soon as it is accepted, so one host holding or
+//!   reconnecting many slow connections takes at most its share of the
+//!   places and the other addresses keep being served;
 //! - deadlines on every connection ([`Deadlines`]): a request's head must
 //!   arrive within the request timeout of its first byte (of the accept, for
 //!   a connection's first request), a keep-alive connection may sit idle for
@@ -16,11 +21,12 @@
 //! axum's `serve` sets no hyper timer, so hyper's own header timeout is off;
 //! the deadlines here stand in for it.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -44,6 +50,9 @@ pub struct HttpLimits {
     pub request_timeout: Duration,
     pub idle_timeout: Duration,
     pub max_connections: usize,
+    /// Open connections one client address may hold (at most
+    /// `max_connections` in effect).
+    pub max_connections_per_addr: usize,
 }
 
 /// Serve `app` on `listener` under `limits` until `shutdown`; in-flight
@@ -56,6 +65,7 @@ pub async fn serve(
 ) -> io::Result<()> {
     let listener = Capped {
         permits: Arc::new(Semaphore::new(limits.max_connections)),
+        per_addr: Arc::new(PerAddr::new(limits.max_connections_per_addr)),
         listener,
         limits,
     };
@@ -89,10 +99,12 @@ async fn request_deadline(State(timeout): State<Duration>, req: Request, next: N
     }
 }
 
-/// A TCP listener that holds at most `max_connections` open connections.
+/// A TCP listener that holds at most `max_connections` open connections,
+/// and at most `max_connections_per_addr` of them from one address.
 struct Capped {
     listener: TcpListener,
     permits: Arc<Semaphore>,
+    per_addr: Arc<PerAddr>,
     limits: HttpLimits,
 }
 
@@ -101,22 +113,118 @@ impl axum::serve::Listener for Capped {
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        // Wait for a place before accepting: the connections over the cap
-        // stay in the backlog rather than holding a descriptor each.
-        let permit = self
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the connection semaphore is never closed");
-        let (stream, addr) = axum::serve::Listener::accept(&mut self.listener).await;
-        // Small JSON answers on the bidder's hot path: no Nagle delay.
-        let _ = stream.set_nodelay(true);
-        (Deadlines::new(stream, permit, self.limits), addr)
+        loop {
+            // Wait for a place before accepting: the connections over the
+            // cap stay in the backlog rather than holding a descriptor each.
+            let permit = self
+                .permits
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("the connection semaphore is never closed");
+            let (stream, addr) = axum::serve::Listener::accept(&mut self.listener).await;
+            let Some(slot) = PerAddr::take(&self.per_addr, addr.ip()) else {
+                // Its place goes back with `permit` at once.
+                refuse(stream, addr.ip(), self.per_addr.max);
+                continue;
+            };
+            // Small JSON answers on the bidder's hot path: no Nagle delay.
+            let _ = stream.set_nodelay(true);
+            return (Deadlines::new(stream, permit, slot, self.limits), addr);
+        }
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+}
+
+/// The environment variable of the per-address cap, for the refusal.
+const PER_ADDR_SETTING: &str = crate::config::PACER_MAX_CONNECTIONS_PER_ADDR;
+
+/// A connection past its address's cap: 429 if the socket takes it without
+/// waiting (a fresh one does), then closed. No task and no wait, so a flood
+/// of them costs an accept and a write each.
+fn refuse(stream: TcpStream, ip: IpAddr, max: usize) {
+    metrics::counter!(PACER_HTTP_REFUSED_TOTAL, "reason" => "connections_per_addr").increment(1);
+    let body = format!(
+        "{{\"error\":\"too many connections from {ip}: at most {max} ({PER_ADDR_SETTING})\"}}"
+    );
+    let response = format!(
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.try_write(response.as_bytes());
+}
+
+/// Open connections per client address. One host (an IPv6 client by its
+/// /64, which one subscriber usually holds whole) counts as one address;
+/// the table holds only addresses with a connection open, so it is never
+/// larger than the connection cap.
+pub(crate) struct PerAddr {
+    max: usize,
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// A connection's place under its address's cap, given back on drop.
+pub(crate) struct AddrSlot {
+    table: Arc<PerAddr>,
+    key: IpAddr,
+}
+
+impl PerAddr {
+    fn new(max: usize) -> Self {
+        PerAddr {
+            max,
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A place for a connection from `ip`, unless its address is at the cap.
+    fn take(table: &Arc<PerAddr>, ip: IpAddr) -> Option<AddrSlot> {
+        let key = addr_key(ip);
+        let mut open = table.open.lock().unwrap_or_else(|e| e.into_inner());
+        let count = open.entry(key).or_insert(0);
+        if *count >= table.max {
+            return None;
+        }
+        *count += 1;
+        Some(AddrSlot {
+            table: table.clone(),
+            key,
+        })
+    }
+
+    /// Connections open from `ip`'s address.
+    #[cfg(test)]
+    fn open(&self, ip: IpAddr) -> usize {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.get(&addr_key(ip)).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for AddrSlot {
+    fn drop(&mut self) {
+        let mut open = self.table.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = open.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// The address a client is counted under: IPv4 as is (an IPv4-mapped IPv6
+/// address too), IPv6 by its /64.
+fn addr_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & (u128::MAX << 64))),
+        },
     }
 }
 
@@ -174,6 +282,7 @@ impl HeadScan {
 pub struct Deadlines<T> {
     inner: T,
     _permit: Option<OwnedSemaphorePermit>,
+    _slot: Option<AddrSlot>,
     limits: HttpLimits,
     phase: Phase,
     /// The read deadline is for a connection's first request (armed at accept).
@@ -189,8 +298,10 @@ fn timed_out(what: &'static str) -> io::Error {
 }
 
 impl<T> Deadlines<T> {
-    fn new(inner: T, permit: OwnedSemaphorePermit, limits: HttpLimits) -> Self {
-        Self::with_permit(inner, Some(permit), limits)
+    fn new(inner: T, permit: OwnedSemaphorePermit, slot: AddrSlot, limits: HttpLimits) -> Self {
+        let mut conn = Self::with_permit(inner, Some(permit), limits);
+        conn._slot = Some(slot);
+        conn
     }
 
     fn with_permit(inner: T, permit: Option<OwnedSemaphorePermit>, limits: HttpLimits) -> Self {
@@ -198,6 +309,7 @@ impl<T> Deadlines<T> {
         Deadlines {
             inner,
             _permit: permit,
+            _slot: None,
             limits,
             phase: Phase::Waiting,
             first: true,
@@ -352,7 +464,44 @@ mod tests {
         request_timeout: Duration::from_millis(300),
         idle_timeout: Duration::from_millis(2_000),
         max_connections: 1,
+        max_connections_per_addr: 1,
     };
+
+    #[test]
+    fn each_address_has_its_own_count_and_gets_its_places_back() {
+        let table = Arc::new(PerAddr::new(2));
+        let a: IpAddr = "127.0.0.1".parse().unwrap();
+        let b: IpAddr = "127.0.0.2".parse().unwrap();
+        let first = PerAddr::take(&table, a).expect("first of a");
+        let second = PerAddr::take(&table, a).expect("second of a");
+        assert!(PerAddr::take(&table, a).is_none(), "a is at its cap");
+        assert!(PerAddr::take(&table, b).is_some(), "b is not");
+        assert_eq!(table.open(a), 2);
+        drop(first);
+        assert_eq!(table.open(a), 1);
+        let third = PerAddr::take(&table, a).expect("a place freed");
+        drop((second, third));
+        assert_eq!(table.open(a), 0);
+        assert!(
+            table.open.lock().unwrap().is_empty(),
+            "no entry left behind"
+        );
+    }
+
+    #[test]
+    fn ipv6_clients_count_by_their_64_and_mapped_ipv4_as_ipv4() {
+        let table = Arc::new(PerAddr::new(1));
+        let one: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let same_64: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let other_64: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        let _held = PerAddr::take(&table, one).unwrap();
+        assert!(PerAddr::take(&table, same_64).is_none());
+        assert!(PerAddr::take(&table, other_64).is_some());
+        let v4: IpAddr = "192.0.2.7".parse().unwrap();
+        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+        let _v4 = PerAddr::take(&table, v4).unwrap();
+        assert!(PerAddr::take(&table, mapped).is_none());
+    }
 
     #[test]
     fn the_head_ends_at_its_first_blank_line_across_reads() {

@@ -28,6 +28,7 @@ const LIMITS: HttpLimits = HttpLimits {
     request_timeout: Duration::from_secs(10),
     idle_timeout: Duration::from_secs(60),
     max_connections: 64,
+    max_connections_per_addr: 64,
 };
 
 struct Pacer {
@@ -49,6 +50,7 @@ async fn start(auth: Auth, limits: HttpLimits) -> Pacer {
         catalog: receiver,
         spend: Arc::new(RwLock::new(SpendState::default())),
         sources: Default::default(),
+        max_decision_ids: 1_000,
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -361,6 +363,7 @@ async fn at_the_connection_cap_stuck_clients_are_closed_and_decisions_answer() {
         request_timeout: Duration::from_millis(1_000),
         idle_timeout: Duration::from_secs(60),
         max_connections: CAP,
+        max_connections_per_addr: CAP,
     };
     let pacer = start(Auth::default(), limits).await;
     // CAP slow-loris clients trickling heads that never end, taking every

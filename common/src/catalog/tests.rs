@@ -27,6 +27,23 @@ fn parses_the_contract_example() {
 }
 
 #[test]
+fn limits_after_an_id_come_in_id_order() {
+    let catalog = Catalog::parse("example", EXAMPLE.as_bytes()).unwrap();
+    let ids = |after: Option<&str>| -> Vec<&str> {
+        catalog
+            .limits_after(after)
+            .iter()
+            .map(|l| l.id.as_ref())
+            .collect()
+    };
+    assert_eq!(ids(None), ["adset-7", "campaign-1"]);
+    assert_eq!(ids(Some("adset-7")), ["campaign-1"]);
+    assert_eq!(ids(Some("b")), ["campaign-1"]);
+    assert_eq!(ids(Some("campaign-1")), Vec::<&str>::new());
+    assert_eq!(ids(Some("")), ["adset-7", "campaign-1"]);
+}
+
+#[test]
 fn rejects_bad_documents_with_a_reason() {
     assert!(err_of("{").contains("test.json"));
     assert!(

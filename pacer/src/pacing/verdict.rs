@@ -155,14 +155,16 @@ pub struct Decision {
 
 /// May the bidder bid on `ad_id`, and how hard: servable only if every limit
 /// above the ad (its own and their parents) is, that is neither exhausted nor
-/// stale; the multiplier is the least of theirs.
+/// stale; the multiplier is the least of theirs. One verdict per limit above
+/// the ad (at most [`adspend_common::catalog::MAX_LIMITS_ABOVE_AD`], their
+/// ancestors worked out when the catalog was parsed).
 pub fn decide(
     catalog: &Catalog,
     state: &SpendState,
     ad_id: String,
     now: DateTime<Utc>,
 ) -> Decision {
-    let Some(limits) = catalog.limits_of_ad(&ad_id) else {
+    let Some(above) = catalog.limits_above_ad(&ad_id) else {
         return Decision {
             ad_id,
             servable: false,
@@ -174,25 +176,16 @@ pub fn decide(
     let mut multiplier: f64 = 1.0;
     let mut servable = true;
     let mut stale = false;
-    let mut seen: Vec<&str> = Vec::with_capacity(limits.len() + 2);
-    for direct in limits {
-        let mut cursor = Some(direct);
-        while let Some(limit) = cursor {
-            if seen.contains(&&*limit.id) {
-                break;
-            }
-            seen.push(&limit.id);
-            let v = verdict(limit, state, now);
-            servable &= !v.exhausted && !v.stale;
-            stale |= v.stale;
-            multiplier = multiplier.min(v.multiplier);
-            cursor = limit.parent.as_deref().and_then(|p| catalog.limit(p));
-        }
+    for limit in &above {
+        let v = verdict(limit, state, now);
+        servable &= !v.exhausted && !v.stale;
+        stale |= v.stale;
+        multiplier = multiplier.min(v.multiplier);
     }
     if servable {
         // What the lag guard counts as served under each of these limits.
-        for id in &seen {
-            if let Some(pacing) = state.pacing.get(*id) {
+        for limit in &above {
+            if let Some(pacing) = state.pacing.get(&*limit.id) {
                 pacing.served.note(multiplier);
             }
         }
