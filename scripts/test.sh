@@ -4,12 +4,39 @@
 # suite against real NATS / etcd / S3 processes, then (second phase) the
 # fault tests on the docker-compose cluster, one at a time.
 # ADSPEND_SKIP_CLUSTER=1 leaves the cluster phase out (no Docker needed).
+# Each phase says how long it took, and the run ends with all of them.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+phase_times=()
+phase_name=
+# `phase NAME`: ends the phase running (printing its time), starts NAME.
+phase() {
+  phase_end
+  phase_name=$1
+  phase_start=$(date +%s)
+}
+phase_end() {
+  [ -n "$phase_name" ] || return 0
+  local took=$(( $(date +%s) - phase_start ))
+  echo "test: $phase_name took ${took}s"
+  phase_times+=("$phase_name ${took}s")
+  phase_name=
+}
+phase_summary() {
+  phase_end
+  [ ${#phase_times[@]} -eq 0 ] || echo "test: phase times: $(IFS=,; echo "${phase_times[*]}" | sed 's/,/, /g')"
+  phase_times=()
+}
+log=$(mktemp)
+# A phase that fails ends the run: its time and the others' still show.
+trap 'phase_summary; rm -f "$log"' EXIT
+phase deps
 bash scripts/install-deps.sh test
+phase fmt
 echo "test: cargo fmt --check"
 cargo fmt --all --check
+phase clippy
 echo "test: cargo clippy"
 cargo clippy --workspace --all-targets --features adspend-tests/failpoints -- -D warnings
 # The crate graph: licences on deny.toml's list, crates.io only, duplicate
@@ -17,24 +44,26 @@ cargo clippy --workspace --all-targets --features adspend-tests/failpoints -- -D
 # github.com: ADSPEND_DENY_ADVISORIES=1 adds them where that is reachable.
 deny_checks=(bans licenses sources)
 [ "${ADSPEND_DENY_ADVISORIES:-0}" = 1 ] && deny_checks+=(advisories)
+phase deny
 echo "test: cargo deny check ${deny_checks[*]}"
 "$root/.tools/bin/cargo-deny" check --hide-inclusion-graph --show-stats "${deny_checks[@]}"
 # The suite crashes real processes at named failure points: build and test
 # with them compiled in (inert unless a test arms one; release builds have none).
 features=(--features adspend-tests/failpoints)
+phase build
 echo "test: building service binaries (the integration suite runs them as processes)"
 cargo build --workspace --bins "${features[@]}"
 # A short fuzzing pass of every target (docs/FUZZING.md); a finding fails the
 # run but the tests still run. ADSPEND_SKIP_FUZZ=1 leaves it out.
 fuzz_status=0
 if [ "${ADSPEND_SKIP_FUZZ:-0}" != 1 ]; then
+  phase fuzz
   echo "test: fuzzing, 20 s per target (scripts/fuzz.sh --ci)"
   bash scripts/fuzz.sh --ci || fuzz_status=$?
 fi
+phase "cargo test"
 echo "test: cargo test"
 # Integration tests each start their own servers; three at a time fits 2 cores.
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
 # The cluster tests (tests/integration/cluster.rs) share host ports and the
 # Docker daemon: they run in their own phase below.
 set +e
@@ -42,8 +71,8 @@ cargo test --workspace --lib --bins --tests "${features[@]}" -- --test-threads=3
 status=${PIPESTATUS[0]}
 set -e
 if [ "${ADSPEND_SKIP_CLUSTER:-0}" != 1 ]; then
+  phase cluster
   echo "test: cluster phase: images (bash scripts/cluster.sh images)"
-  phase_start=$(date +%s)
   if bash scripts/install-deps.sh cluster && bash scripts/cluster.sh images; then
     echo "test: cluster phase: fault tests on docker-compose, one at a time"
     set +e
@@ -57,8 +86,8 @@ if [ "${ADSPEND_SKIP_CLUSTER:-0}" != 1 ]; then
   fi
   [ "$cluster_status" -eq 0 ] || status=$cluster_status
   ADSPEND_CLUSTER_PROJECT=adspendtest bash scripts/cluster.sh down >/dev/null 2>&1 || true
-  echo "test: cluster phase took $(( $(date +%s) - phase_start ))s"
 fi
+phase_summary
 if [ "$fuzz_status" -ne 0 ]; then
   echo "test: fuzzing failed (exit $fuzz_status, output above)" | tee -a "$log"
   echo "1 failed;" >>"$log"
