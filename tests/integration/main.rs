@@ -5,6 +5,7 @@ mod catalog_watch;
 mod chaos;
 mod closed_loop;
 mod cluster;
+mod config_doc;
 mod config_errors;
 mod dashboard;
 mod deadletter;
