@@ -2,155 +2,19 @@
 //! served exactly as `run` serves it, driven by hand-written HTTP/1.1 so
 //! that a test can also be the slow, stuck or malformed client.
 
+mod support;
+
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use adspend_common::catalog::Catalog;
-use adspend_pacer::api::{self, AppState, MAX_BODY_BYTES};
+use adspend_pacer::api::{self, MAX_BODY_BYTES};
 use adspend_pacer::auth::Auth;
 use adspend_pacer::serve::{serve, HttpLimits};
-use adspend_pacer::state::SpendState;
-use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, RwLock};
 use tokio_util::sync::CancellationToken;
 
-const CATALOG: &[u8] = br#"{
-  "limits": {"campaign": {"budget_micros": 5000, "period": "lifetime"}},
-  "ads": {"ad-1": ["campaign"]}
-}"#;
-const READ: &str = "read-token-0123456789abcdef";
-const DECIDE: &str = "decide-token-0123456789abcdef";
-
-const LIMITS: HttpLimits = HttpLimits {
-    request_timeout: Duration::from_secs(10),
-    idle_timeout: Duration::from_secs(60),
-    max_connections: 64,
-    max_connections_per_addr: 64,
-};
-
-struct Pacer {
-    addr: SocketAddr,
-    shutdown: CancellationToken,
-    _catalog: watch::Sender<Arc<Catalog>>,
-}
-
-impl Drop for Pacer {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
-async fn start(auth: Auth, limits: HttpLimits) -> Pacer {
-    let catalog = Arc::new(Catalog::parse("test", CATALOG).unwrap());
-    let (sender, receiver) = watch::channel(catalog);
-    let state = AppState {
-        catalog: receiver,
-        spend: Arc::new(RwLock::new(SpendState::default())),
-        sources: Default::default(),
-        max_decision_ids: 1_000,
-    };
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let shutdown = CancellationToken::new();
-    tokio::spawn(serve(
-        listener,
-        api::router(state, auth),
-        limits,
-        shutdown.clone(),
-    ));
-    Pacer {
-        addr,
-        shutdown,
-        _catalog: sender,
-    }
-}
-
-#[derive(Debug)]
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
-    }
-
-    /// The contract's error shape, with a non-empty message.
-    fn assert_json_error(&self, status: u16) {
-        assert_eq!(self.status, status, "{self:?}");
-        assert!(
-            self.header("content-type")
-                .is_some_and(|v| v.starts_with("application/json")),
-            "{self:?}"
-        );
-        let json = self.json();
-        let message = json["error"].as_str().unwrap_or_default();
-        assert!(!message.is_empty(), "{self:?}");
-        assert_eq!(json.as_object().map(|o| o.len()), Some(1), "{self:?}");
-    }
-}
-
-fn parse_reply(raw: &[u8]) -> Reply {
-    let text = String::from_utf8_lossy(raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no complete response in {text:?}"));
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {text:?}"));
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
-        .collect();
-    Reply {
-        status,
-        headers,
-        body: body.to_string(),
-    }
-}
-
-/// One request on a fresh connection (`Connection: close`), read to EOF.
-async fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> Reply {
-    let mut raw = format!("{method} {path} HTTP/1.1\r\nHost: pacer\r\nConnection: close\r\n");
-    for (name, value) in headers {
-        raw.push_str(&format!("{name}: {value}\r\n"));
-    }
-    if !body.is_empty() {
-        raw.push_str(&format!("Content-Length: {}\r\n", body.len()));
-    }
-    raw.push_str("\r\n");
-    raw.push_str(body);
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    // A server may answer (413) and close before taking the whole body:
-    // what it answered is what counts.
-    let _ = stream.write_all(raw.as_bytes()).await;
-    let mut response = Vec::new();
-    let _ = stream.read_to_end(&mut response).await;
-    parse_reply(&response)
-}
-
-const JSON: (&str, &str) = ("Content-Type", "application/json");
+use support::{closed_within, parse_reply, request, start, Reply, DECIDE, JSON, LIMITS, READ};
 
 #[tokio::test]
 async fn every_error_is_json_with_its_status() {
@@ -315,19 +179,6 @@ async fn the_ops_router_serves_health_and_metrics_only() {
         .await
         .assert_json_error(405);
     shutdown.cancel();
-}
-
-/// Whether the server has closed `stream` (EOF or reset) within `wait`.
-async fn closed_within(stream: &mut TcpStream, wait: Duration) -> bool {
-    let mut buf = [0u8; 1024];
-    let deadline = tokio::time::Instant::now() + wait;
-    loop {
-        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
-            Err(_) => return false,
-            Ok(Ok(0)) | Ok(Err(_)) => return true,
-            Ok(Ok(_)) => continue,
-        }
-    }
 }
 
 async fn decide(addr: SocketAddr) -> Reply {
