@@ -14,6 +14,15 @@
 # DEMO_MODE=open publishes regardless of budgets instead (`adsim run`, the
 # throughput demo): DEMO_EVENTS=200000 DEMO_BATCH=100 DEMO_MODE=open scripts/demo.sh
 #
+# NATS runs with the least-privilege users of deploy/nats-auth.conf over TLS
+# (scripts/nats-auth.sh writes a demo CA, passwords and the server config
+# into demo-out/nats-auth): each service logs in as its own user, and the
+# simulated ad servers as `adserver`, which may publish impressions and
+# nothing else (docs/SECURITY.md).
+#
+# Only what the demo runs is built: the three services, adsim and adcheck
+# (release; several minutes the first time, cargo's progress shown).
+#
 # Services keep running for the dashboard when started from a terminal
 # (Ctrl-C stops them); otherwise the script stops them and exits.
 set -euo pipefail
@@ -27,9 +36,28 @@ peak_rate=${DEMO_PEAK_RATE:-2000}
 out="$root/demo-out"
 
 bash scripts/install-deps.sh run
-echo "demo: building (release; the first build takes several minutes)"
-cargo build --release --workspace --bins
-bin="$root/target/release"
+echo "demo: building the services, adsim and adcheck (release; the first build takes several minutes)"
+build_start=$(date +%s)
+# Every line of cargo's shown, each crate numbered with the time so far; a
+# crate that takes long (the services' own, in release) gets a line every
+# 30 s, so no step is silent.
+cargo build --release \
+  -p adspend-limiter -p adspend-aggregator -p adspend-pacer -p adspend-tests \
+  --bin limiter --bin aggregator --bin pacer --bin adsim --bin adcheck 2>&1 |
+  while true; do
+    if IFS= read -r -t 30 line; then
+      case $line in
+        *Compiling*) n=$((${n:-0} + 1)); echo "demo: build [$n, $(( $(date +%s) - build_start ))s] ${line#"${line%%[! ]*}"}" ;;
+        *) echo "$line" ;;
+      esac
+    elif [ $? -gt 128 ]; then
+      echo "demo: build still running ($(( $(date +%s) - build_start ))s)"
+    else
+      break
+    fi
+  done
+echo "demo: built in $(( $(date +%s) - build_start ))s"
+bin="${CARGO_TARGET_DIR:-$root/target}/release"
 
 for port in 4222 8222 8080 9101 9102 9103; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
@@ -41,33 +69,57 @@ done
 rm -rf "$out"
 mkdir -p "$out"
 pids=()
+nats_pid=
+# The services first (each finishes its work in hand), NATS last.
 cleanup() {
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  if [ -n "$nats_pid" ]; then
+    kill -TERM "$nats_pid" 2>/dev/null || true
+    wait "$nats_pid" 2>/dev/null || true
+  fi
 }
 trap cleanup EXIT
 
-# deploy/nats.conf with the JetStream store inside demo-out.
-sed "s|store_dir: .*|store_dir: \"$out/nats\"|" deploy/nats.conf >"$out/nats.conf"
-"$root/.tools/bin/nats-server" -c "$out/nats.conf" >"$out/nats.log" 2>&1 &
-pids+=($!)
+# NATS with accounts, users and TLS; the JetStream store inside demo-out.
+auth="$out/nats-auth"
+ADSPEND_NATS_PORT=4222 ADSPEND_NATS_MONITOR_PORT=8222 bash scripts/nats-auth.sh "$auth" >/dev/null
+"$root/.tools/bin/nats-server" -c "$auth/nats-server.conf" >"$out/nats.log" 2>&1 &
+nats_pid=$!
 for _ in $(seq 100); do
   curl -sf http://127.0.0.1:8222/healthz >/dev/null 2>&1 && break
   sleep 0.1
 done
 curl -sf http://127.0.0.1:8222/healthz >/dev/null || { echo "demo: nats-server did not start:" >&2; tail -5 "$out/nats.log" >&2; exit 1; }
+echo "demo: NATS with a user per role over TLS (secrets in $auth, never commit them)"
+# `as_role ROLE COMMAND...`: COMMAND with that role's NATS settings, in
+# place of the (sub)shell that runs it: call it with `&` or inside `( )`, so
+# that a background service's pid is the service's own.
+as_role() {
+  local role=$1
+  shift
+  set -a
+  . "$auth/$role.env"
+  set +a
+  exec "$@"
+}
 
 "$bin/adsim" catalog --out "$out/catalog.json" --ads 1000 --seed 7
 export ADSPEND_CATALOG="$out/catalog.json"
 export ADSPEND_CHECKPOINT_INTERVAL_MS=2000
-ADSPEND_DATA_DIR="$out/aggregator" "$bin/aggregator" >"$out/aggregator.log" 2>&1 &
+as_role aggregator env ADSPEND_DATA_DIR="$out/aggregator" "$bin/aggregator" >"$out/aggregator.log" 2>&1 &
 pids+=($!)
-"$bin/limiter" >"$out/limiter.log" 2>&1 &
+as_role limiter "$bin/limiter" >"$out/limiter.log" 2>&1 &
 pids+=($!)
-"$bin/pacer" >"$out/pacer.log" 2>&1 &
+as_role pacer "$bin/pacer" >"$out/pacer.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do
   curl -sf http://127.0.0.1:8080/healthz >/dev/null 2>&1 && break
+  sleep 0.1
+done
+# The ad servers' user may not create streams: IMPRESSIONS is the limiter's.
+for _ in $(seq 100); do
+  curl -sf 'http://127.0.0.1:8222/jsz?accounts=true&streams=true' 2>/dev/null | tr -d ' \n' | grep -q '"name":"IMPRESSIONS"' && break
   sleep 0.1
 done
 if ! curl -sf http://127.0.0.1:8080/healthz >/dev/null; then
@@ -79,12 +131,12 @@ fi
 start_ns=$(date +%s%N)
 if [ "$mode" = open ]; then
   echo "demo: publishing $events impressions (5% duplicates, 1% bad, $batch per message), regardless of budgets"
-  "$bin/adsim" run --catalog "$out/catalog.json" --truth-out "$out/truth.json" \
-    --events "$events" --duplicate-rate 0.05 --bad-rate 0.01 --batch "$batch" --seed 7
+  (as_role adserver "$bin/adsim" run --catalog "$out/catalog.json" --truth-out "$out/truth.json" \
+    --events "$events" --duplicate-rate 0.05 --bad-rate 0.01 --batch "$batch" --seed 7)
 else
   echo "demo: ad servers asking the pacer before they serve, a day compressed into $day (peak $peak_rate requests/s)"
-  "$bin/adsim" serve --catalog "$out/catalog.json" --truth-out "$out/truth.json" \
-    --pacer-url http://127.0.0.1:8080 --day "$day" --peak-rate "$peak_rate" --seed 7
+  (as_role adserver "$bin/adsim" serve --catalog "$out/catalog.json" --truth-out "$out/truth.json" \
+    --pacer-url http://127.0.0.1:8080 --day "$day" --peak-rate "$peak_rate" --seed 7)
 fi
 "$bin/adcheck" --truth "$out/truth.json" --timeout 120 --show 15
 end_ns=$(date +%s%N)

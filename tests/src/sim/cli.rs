@@ -176,6 +176,8 @@ impl ServeArgs {
             subject: self.subject.clone(),
             seed: self.seed,
             run_id: self.run_id.clone(),
+            // As `adsim run`: the ad servers' user may not create streams.
+            create_stream: self.nats_auth.user.is_none(),
             ..LoopConfig::default()
         }
     }

@@ -59,6 +59,10 @@ pub struct LoopConfig {
     /// Impression id prefix; `None` draws a random one.
     pub run_id: Option<String>,
     pub progress_interval: Duration,
+    /// Create `IMPRESSIONS` when it is missing. An ad server's NATS user may
+    /// publish impressions and nothing else (not even look the stream up):
+    /// then the limiter creates it.
+    pub create_stream: bool,
 }
 
 impl Default for LoopConfig {
@@ -83,6 +87,7 @@ impl Default for LoopConfig {
             seed: 1,
             run_id: None,
             progress_interval: Duration::from_secs(5),
+            create_stream: true,
         }
     }
 }

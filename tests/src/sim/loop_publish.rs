@@ -49,7 +49,9 @@ pub(crate) async fn run(
     counters: Arc<Counters>,
     mut rx: mpsc::UnboundedReceiver<Served>,
 ) -> anyhow::Result<Truth> {
-    super::ensure_stream(&client).await?;
+    if config.create_stream {
+        super::ensure_stream(&client).await?;
+    }
     let js = jetstream::ContextBuilder::new()
         .timeout(Duration::from_secs(10))
         .max_ack_inflight(IN_FLIGHT)
