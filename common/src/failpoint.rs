@@ -20,10 +20,21 @@ mod armed {
         /// Stall this long instead of aborting.
         stall: Option<Duration>,
         hits: AtomicU64,
+        /// `name=VALUE`: armed for this value only ([`armed_for`]).
+        value: Option<String>,
     }
 
-    /// `name[@N][~MS]`
+    /// `name[@N][~MS]` or `name=VALUE`
     fn parse(spec: &str) -> (String, Point) {
+        if let Some((name, value)) = spec.split_once('=') {
+            let point = Point {
+                fire_at: 1,
+                stall: None,
+                hits: AtomicU64::new(0),
+                value: Some(value.to_string()),
+            };
+            return (name.to_string(), point);
+        }
         let (rest, stall) = match spec.split_once('~') {
             Some((rest, ms)) => (rest, ms.parse().ok().map(Duration::from_millis)),
             None => (spec, None),
@@ -36,6 +47,7 @@ mod armed {
             fire_at,
             stall,
             hits: AtomicU64::new(0),
+            value: None,
         };
         (name.to_string(), point)
     }
@@ -51,8 +63,14 @@ mod armed {
         })
     }
 
+    pub fn armed_for(name: &str, value: u64) -> bool {
+        points()
+            .get(name)
+            .is_some_and(|p| p.value.as_deref() == Some(value.to_string().as_str()))
+    }
+
     pub fn hit(name: &str, damage: impl FnOnce()) {
-        if let Some(point) = points().get(name) {
+        if let Some(point) = points().get(name).filter(|p| p.value.is_none()) {
             if point.hits.fetch_add(1, Ordering::SeqCst) + 1 == point.fire_at {
                 if let Some(stall) = point.stall {
                     eprintln!("FAILPOINT STALLED: {name} for {} ms", stall.as_millis());
@@ -81,6 +99,9 @@ mod armed {
             let (name, p) = parse("x~250");
             assert_eq!(name, "x");
             assert_eq!((p.fire_at, p.stall), (1, Some(Duration::from_millis(250))));
+            let (name, p) = parse("limiter.oversized_output=17");
+            assert_eq!(name, "limiter.oversized_output");
+            assert_eq!(p.value.as_deref(), Some("17"));
         }
     }
 }
@@ -100,4 +121,15 @@ pub fn hit(_name: &str) {
 pub fn hit_after(_name: &str, _damage: impl FnOnce()) {
     #[cfg(feature = "failpoints")]
     armed::hit(_name, _damage);
+}
+
+/// Whether the test armed `name=VALUE` for this `value` (a fault meant for
+/// one item, such as one input message). Always false without the
+/// `failpoints` feature.
+#[inline(always)]
+pub fn armed_for(_name: &str, _value: u64) -> bool {
+    #[cfg(feature = "failpoints")]
+    return armed::armed_for(_name, _value);
+    #[cfg(not(feature = "failpoints"))]
+    false
 }

@@ -8,33 +8,14 @@ use adspend_common::catalog::Catalog;
 use adspend_common::codec::encode_spend_ref;
 use adspend_common::types::{MsgId, SpendBatchRef, SpendMessageRef, SpendTuple};
 use rustc_hash::FxHashMap;
-use serde::Serialize;
 
+use crate::dead_letter::{DeadLetter, Overflow};
 use crate::validate::{parse_line, Reason};
 
 /// An input message: its bytes and where it sits in `IMPRESSIONS`.
 pub struct Input<'a> {
     pub stream_seq: u64,
     pub payload: &'a [u8],
-}
-
-#[derive(Debug, Serialize)]
-pub struct DeadLetter {
-    pub reason: &'static str,
-    pub detail: String,
-    /// The rejected line, lossily decoded as UTF-8.
-    pub line: String,
-    /// Position in `IMPRESSIONS`: stream sequence and line number (from 0).
-    pub stream_seq: u64,
-    pub line_no: u32,
-}
-
-impl DeadLetter {
-    /// The same rejected line gets the same id, so JetStream drops the copy
-    /// when a redelivered input is rejected again.
-    pub fn msg_id(&self) -> String {
-        format!("{}-{}", self.stream_seq, self.line_no)
-    }
 }
 
 /// The spend of one partition: tuples whose `limit` indexes `limits`.
@@ -168,6 +149,7 @@ impl Output {
 
     /// Split one input message into lines and map each.
     pub fn add(&mut self, input: &Input<'_>, catalog: &Catalog) {
+        let mut overflow = Overflow::default();
         for (line_no, line) in input.payload.split(|&b| b == b'\n').enumerate() {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             if line.iter().all(u8::is_ascii_whitespace) {
@@ -210,14 +192,18 @@ impl Output {
                 Err(rejection) => rejection,
             };
             self.count_rejection(rejection.reason);
-            self.dead_letters.push(DeadLetter {
-                reason: rejection.reason.as_str(),
-                detail: rejection.detail,
-                line: String::from_utf8_lossy(line).into_owned(),
-                stream_seq: input.stream_seq,
-                line_no: line_no as u32,
-            });
+            let reason = rejection.reason.as_str();
+            if overflow.admit(line_no as u32, reason) {
+                self.dead_letters.push(DeadLetter::new(
+                    reason,
+                    rejection.detail,
+                    line,
+                    input.stream_seq,
+                    line_no as u32,
+                ));
+            }
         }
+        self.dead_letters.extend(overflow.finish(input.stream_seq));
     }
 }
 
@@ -321,6 +307,34 @@ mod tests {
         };
         assert_eq!(encoded(&again), encoded(&out));
     }
+    #[test]
+    fn one_message_of_many_bad_lines_gives_a_bounded_number_of_dead_letters() {
+        // 5,100 lines: past what the NATS client lets await acknowledgement.
+        let payload = "not json\n".repeat(5_100);
+        let mut out = Output::new(4);
+        out.add(
+            &Input {
+                stream_seq: 5,
+                payload: payload.as_bytes(),
+            },
+            &catalog(),
+        );
+        let per_message = crate::dead_letter::PER_MESSAGE as usize;
+        assert_eq!(out.dead_letters.len(), per_message + 1);
+        let summary = out.dead_letters.last().unwrap();
+        assert_eq!(summary.reason, crate::dead_letter::SUMMARY_REASON);
+        assert!(
+            summary.detail.contains("5000 more rejected lines"),
+            "{}",
+            summary.detail
+        );
+        assert_eq!(
+            out.rejected,
+            vec![(Reason::InvalidJson, 5_100)],
+            "every line counted"
+        );
+    }
+
     /// The chunk's `source_ms` for lines of the given `ts` values (as JSON
     /// text), published at `published_ms`.
     fn source_of(published_ms: i64, ts: &[&str]) -> (i64, Option<i64>) {

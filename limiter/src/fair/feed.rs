@@ -6,7 +6,7 @@ use async_nats::jetstream::consumer::pull;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
-use crate::PullMessage;
+use crate::chunk::PullMessage;
 
 /// A lane's messages: the one looked at (`head`) and those behind it.
 pub struct Feed {

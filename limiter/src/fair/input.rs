@@ -8,9 +8,10 @@ use futures::stream::ReadyChunks;
 use futures::StreamExt;
 
 use super::{lanes, pull_stream, Scheduler, SourceStat};
+use crate::chunk::PullMessage;
 use crate::config::{Config, Scheduling};
 use crate::downstream::Downstream;
-use crate::{Error, PullMessage};
+use crate::Error;
 
 /// The limiter's input: chunks of messages, each acknowledged by the caller.
 pub enum Input {

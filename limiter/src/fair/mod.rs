@@ -35,9 +35,10 @@ use async_nats::jetstream::consumer::pull;
 use async_nats::jetstream::stream::Stream as JsStream;
 use futures::FutureExt;
 
+use crate::chunk::PullMessage;
 use crate::config::Config;
 use crate::downstream::Downstream;
-use crate::{Error, PullMessage};
+use crate::Error;
 use drr::{Deficits, LaneView};
 use feed::Feed;
 pub use input::Input;

@@ -7,7 +7,7 @@ use adspend_common::now_ms;
 
 use super::drr::{self, LaneView};
 use super::{sources, Scheduler, BACKLOG_ROUND_BYTES, ROUND_BYTES};
-use crate::PullMessage;
+use crate::chunk::PullMessage;
 
 impl Scheduler {
     pub(super) fn take_round(&mut self) -> Vec<PullMessage> {
