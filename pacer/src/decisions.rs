@@ -5,9 +5,10 @@
 //! catalog's shape, [`adspend_common::catalog::MAX_LIMITS_ABOVE_AD`]); so
 //! the answer is at most a few hundred bytes per id allowed.
 //!
-//! The batch is decided a chunk at a time, yielding between chunks, so the
-//! request timeout can end a batch that runs long and other requests on the
-//! same worker threads are not held behind it. Each chunk reads the spend
+//! The batch is decided a chunk of [`VERDICTS_PER_YIELD`] verdicts at a
+//! time, yielding between chunks, so the request timeout can end a batch
+//! that runs long and other requests on the same worker threads wait at
+//! most a chunk behind it. Each chunk reads the spend
 //! under its own read lock (the ingest may apply a push in between: a later
 //! chunk can see newer spend); the whole batch sees one catalog and one
 //! instant.
@@ -28,12 +29,13 @@ use serde::Serialize;
 
 use crate::api::AppState;
 use crate::config::PACER_MAX_DECISION_IDS;
-use crate::pacing::{decide, Decision};
+use crate::pacing::{decide_counted, Decision};
 use crate::reply::error;
 
-/// Ads decided between two yields: at most this many times
-/// `MAX_LIMITS_ABOVE_AD` verdicts (a few milliseconds) without yielding.
-const CHUNK: usize = 32;
+/// Verdicts computed between two yields (one ad's verdicts are never
+/// split): a verdict is about a microsecond in a release build, so a chunk
+/// is well under a millisecond.
+const VERDICTS_PER_YIELD: usize = 512;
 
 #[derive(Serialize)]
 struct DecisionResponse {
@@ -54,12 +56,14 @@ pub(crate) async fn decisions(State(app): State<AppState>, request: Request) -> 
     loop {
         {
             let spend = app.spend.read().await;
-            decisions.extend(
-                ad_ids
-                    .by_ref()
-                    .take(CHUNK)
-                    .map(|ad_id| decide(&catalog, &spend, ad_id, now)),
-            );
+            let mut verdicts = 0;
+            while verdicts < VERDICTS_PER_YIELD {
+                let Some(ad_id) = ad_ids.next() else { break };
+                let (decision, cost) = decide_counted(&catalog, &spend, ad_id, now);
+                decisions.push(decision);
+                // An unknown ad costs a lookup: count it as one.
+                verdicts += cost.max(1);
+            }
         }
         if ad_ids.len() == 0 {
             break;

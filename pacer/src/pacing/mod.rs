@@ -25,7 +25,7 @@ mod view;
 
 pub use served::Served;
 pub use tick::{stale_limits, tick};
-pub use verdict::{decide, verdict, Decision, Verdict};
+pub use verdict::{decide, decide_counted, verdict, Decision, Verdict};
 pub use view::{view, LimitView, PacingView};
 
 #[cfg(test)]

@@ -164,14 +164,26 @@ pub fn decide(
     ad_id: String,
     now: DateTime<Utc>,
 ) -> Decision {
+    decide_counted(catalog, state, ad_id, now).0
+}
+
+/// [`decide`], and how many verdicts it took (what a batch budgets its
+/// time in).
+pub fn decide_counted(
+    catalog: &Catalog,
+    state: &SpendState,
+    ad_id: String,
+    now: DateTime<Utc>,
+) -> (Decision, usize) {
     let Some(above) = catalog.limits_above_ad(&ad_id) else {
-        return Decision {
+        let unknown = Decision {
             ad_id,
             servable: false,
             multiplier: 0.0,
             error: Some("unknown ad"),
             stale: false,
         };
+        return (unknown, 0);
     };
     let mut multiplier: f64 = 1.0;
     let mut servable = true;
@@ -190,13 +202,14 @@ pub fn decide(
             }
         }
     }
-    Decision {
+    let decision = Decision {
         ad_id,
         servable,
         multiplier: if servable { multiplier } else { 0.0 },
         error: None,
         stale,
-    }
+    };
+    (decision, above.len())
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! generated events ([`workload`]); results are printed as they come and
 //! collected into one table ([`report`]).
 
+pub mod attack;
 pub mod checkpoint;
 pub mod e2e;
 pub mod fair;

@@ -33,6 +33,8 @@ enum Section {
     Fair,
     /// Closed loop on the real pipeline (not in the default list).
     Pacing,
+    /// The pacer's GET latency under cheap attacks (not in the default list).
+    Attack,
 }
 
 #[derive(Parser)]
@@ -209,9 +211,32 @@ async fn run(args: &Args) -> anyhow::Result<Table> {
             Section::Recovery => recovery::recover(args, &mut table).await?,
             Section::Fair => fair::fair_sharing(args, &mut table).await?,
             Section::Pacing => pacing::closed_loop(args, &mut table).await?,
+            Section::Attack => attack(&mut table).await?,
         }
     }
     Ok(table)
+}
+
+/// `adspend_tests::bench::attack` with its defaults; a row per attack.
+async fn attack(table: &mut Table) -> anyhow::Result<()> {
+    use adspend_tests::bench::attack::{self, AttackBench};
+    use adspend_tests::bench::report::Target;
+    let (start, results) = attack::run(&AttackBench::default()).await?;
+    println!("\n{}", attack::markdown(start, &results));
+    for r in &results {
+        table.add(
+            format!("pacer GET p99 under attack: {}", r.attack.name()),
+            "ms",
+            samples([r.p99_ms]),
+            Some(Target {
+                text: "<= 50 ms",
+                bound: 50.0,
+                higher: false,
+            }),
+            format!("p50 {:.2} ms; {}", r.p50_ms, r.attacker),
+        );
+    }
+    Ok(())
 }
 
 fn scratch(args: &Args, name: &str) -> anyhow::Result<tempfile::TempDir> {
