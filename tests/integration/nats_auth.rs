@@ -3,7 +3,10 @@
 //! pipeline stays exact; an ad server can publish impressions and nothing
 //! else; a user cannot subscribe to another user's inbox (replies); clients
 //! without credentials, with a wrong password or without TLS are refused; a
-//! wrong TLS setting is a config error naming it.
+//! wrong TLS setting is a config error naming it; a service connected to a
+//! NATS that lets clients in without authentication says so in its log and
+//! in `adspend_nats_unauthenticated`, and one connected with its user does
+//! not.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,7 +22,7 @@ use adspend_tests::sim;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{assert_exact, sim_config, Backends, Pipeline};
+use crate::support::{assert_exact, metric, sim_config, Backends, Pipeline};
 
 const ROLES: [&str; 5] = ["adserver", "limiter", "aggregator", "pacer", "auditor"];
 
@@ -565,4 +568,91 @@ async fn wrong_nats_credential_settings_are_config_errors_naming_them() {
     // A bad setting: exit 64 (EX_USAGE).
     assert_eq!(status.code(), Some(64), "{log}");
     assert!(log.contains("ADSPEND_NATS_TLS_CA"), "{log}");
+}
+
+/// What a service logs when its NATS lets anyone in (common/src/nats.rs).
+const OPEN_NATS_WARNING: &str = "NATS accepts clients without authentication";
+
+/// The gauge's value on a service's `/metrics`, once the service has
+/// connected to NATS and set it.
+async fn unauthenticated_gauge(metrics_port: u16) -> f64 {
+    let series = "adspend_nats_unauthenticated";
+    wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async move {
+            let Ok(response) =
+                reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics")).await
+            else {
+                return false;
+            };
+            response
+                .text()
+                .await
+                .is_ok_and(|body| crate::support::metric_value(&body, series).is_some())
+        },
+    )
+    .await
+    .unwrap_or_else(|_| panic!("no {series} on port {metrics_port}"));
+    metric(metrics_port, series).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_on_an_open_nats_says_so_and_one_with_its_user_does_not() {
+    // The single-machine default before the demo ran with users: a NATS
+    // without accounts, services without credentials. Every service says
+    // loudly that anyone may publish anything, naming the fix.
+    let mut p = Pipeline::start(Backends::default(), 10).await;
+    let ports = [free_port(), free_port(), free_port()];
+    p.aggregator = Some(p.spawn_with("aggregator", ports[0], &[]));
+    p.limiter = Some(p.spawn_with("limiter", ports[1], &[]));
+    p.pacer = Some(p.spawn_with("pacer", ports[2], &[]));
+    p.wait_pacer().await;
+    for (service, port) in [
+        (p.aggregator.as_mut().unwrap(), ports[0]),
+        (p.limiter.as_mut().unwrap(), ports[1]),
+        (p.pacer.as_mut().unwrap(), ports[2]),
+    ] {
+        let name = service.name().to_string();
+        service
+            .wait_for_log(OPEN_NATS_WARNING, Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("{name} did not warn about the open NATS: {e}"));
+        let log = service.log_tail(200);
+        let line = log
+            .lines()
+            .find(|l| l.contains(OPEN_NATS_WARNING))
+            .expect("the warning line");
+        assert!(line.contains("ERROR"), "{name}: not an error: {line}");
+        for fix in [
+            "deploy/nats-auth.conf",
+            "scripts/nats-auth.sh",
+            "ADSPEND_NATS_USER",
+        ] {
+            assert!(
+                line.contains(fix),
+                "{name}: the warning does not name {fix}: {line}"
+            );
+        }
+        assert_eq!(unauthenticated_gauge(port).await, 1.0, "{name}");
+    }
+    drop(p);
+
+    // The demo's setup (scripts/nats-auth.sh, deploy/nats-auth.conf): the
+    // limiter connects with its own user over TLS, and neither warns nor
+    // raises the gauge. (That an ad server there cannot forge a push is
+    // services_with_their_own_users_over_tls_are_exact_and_an_ad_server_is_confined.)
+    let auth = Auth::generate();
+    let catalog = sim::generate_catalog(&sim::CatalogSpec::for_ads(10), 11).expect("catalog");
+    let mut p = Pipeline::start_with(Backends::default(), auth.nats_options(), catalog).await;
+    let port = free_port();
+    let env = auth.env("limiter");
+    let extra: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    p.limiter = Some(p.spawn_with("limiter", port, &extra));
+    wait_limiter_consumer(&p.nats).await;
+    assert_eq!(unauthenticated_gauge(port).await, 0.0);
+    let limiter = p.limiter.as_mut().unwrap();
+    assert!(limiter.is_running(), "{}", limiter.log_tail(50));
+    let log = limiter.log_tail(10_000);
+    assert!(!log.contains(OPEN_NATS_WARNING), "{log}");
 }
