@@ -27,6 +27,9 @@ pub const IMPRESSIONS_TOTAL: &str = "adspend_limiter_impressions_total";
 /// re-emitted and dropped by id downstream.
 pub const REDELIVERED_IMPRESSIONS_TOTAL: &str = "adspend_limiter_redelivered_impressions_total";
 pub const REJECTED_TOTAL: &str = "adspend_rejected_total";
+/// Input messages the limiter set aside: NATS answered but kept refusing
+/// their output (recorded on `deadletter.set_aside`).
+pub const LIMITER_SET_ASIDE_TOTAL: &str = "adspend_limiter_set_aside_total";
 pub const TUPLES_EMITTED_TOTAL: &str = "adspend_limiter_tuples_emitted_total";
 pub const SPEND_MESSAGES_TOTAL: &str = "adspend_limiter_spend_messages_total";
 pub const MARKERS_TOTAL: &str = "adspend_limiter_markers_total";

@@ -48,8 +48,9 @@ async fn letters(p: &Pipeline, subject: &str, expected: usize) -> Vec<serde_json
     letters
 }
 
-/// The limiter's durable consumers hold nothing unacknowledged or pending.
-async fn input_all_taken(p: &Pipeline) -> bool {
+/// The limiter's durable consumers hold nothing unacknowledged or pending;
+/// otherwise what they hold, per consumer.
+async fn input_all_taken(p: &Pipeline) -> Result<(), Vec<(String, u64, usize)>> {
     let js = jetstream::new(p.client().await);
     let mut stream = js.get_stream("IMPRESSIONS").await.expect("IMPRESSIONS");
     let names: Vec<String> = stream
@@ -59,16 +60,20 @@ async fn input_all_taken(p: &Pipeline) -> bool {
         .into_iter()
         .map(|n| n.expect("consumer name"))
         .collect();
+    let mut held = Vec::new();
     for name in names {
         let mut consumer: jetstream::consumer::PullConsumer =
             stream.get_consumer(&name).await.expect("consumer");
         let info = consumer.info().await.expect("consumer info");
         if info.num_pending > 0 || info.num_ack_pending > 0 {
-            return false;
+            held.push((name, info.num_pending, info.num_ack_pending));
         }
     }
-    let _ = stream.info().await.expect("stream info");
-    true
+    if held.is_empty() {
+        Ok(())
+    } else {
+        Err(held)
+    }
 }
 
 async fn start(ads: u32, limiter_env: &[(&str, &str)]) -> (Pipeline, u16) {
@@ -178,7 +183,7 @@ async fn input_whose_output_nats_refuses_is_set_aside_and_the_rest_goes_on() {
     );
     let limiter = p.limiter.as_mut().unwrap();
     assert!(limiter.is_running(), "{}", limiter.log_tail(20));
-    assert!(input_all_taken(&p).await, "input left unacknowledged");
+    assert_eq!(input_all_taken(&p).await, Ok(()), "input left unacknowledged");
 }
 
 /// One random input message: any bytes, any size up to near the server's
@@ -211,11 +216,11 @@ fn random_input(rng: &mut rand::rngs::StdRng, max_payload: usize) -> Vec<u8> {
             _ => Vec::new(),
         }
     };
-    match rng.random_range(0..40) {
+    match rng.random_range(0..80) {
         // A huge single line of one byte (NUL escapes to six).
         0 => vec![
             [0u8, b'"', b'a', 0xff][rng.random_range(0..4)];
-            rng.random_range(max_payload / 8..max_payload - 1024)
+            rng.random_range(max_payload / 16..max_payload - 1024)
         ],
         // Very many short lines.
         1..=4 => b"x\n".repeat(rng.random_range(1_000..100_000)),
@@ -255,7 +260,11 @@ async fn the_chunk_path_takes_random_input_of_any_size_without_stalling() {
     let max_payload = p.client().await.server_info().max_payload;
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let mut truth = p.publish(&sim_config(500, seed)).await;
-    let (mut messages, mut bytes, mut round) = (0u64, 0usize, 0u64);
+    // The extremes first: a line as long as the server takes, and a message
+    // of the most lines that fit.
+    publish_raw(&p, "impressions.fuzz0", vec![0u8; max_payload - 1024]).await;
+    publish_raw(&p, "impressions.fuzz1", b"\n\"\n".repeat(max_payload / 3 - 1024)).await;
+    let (mut messages, mut bytes, mut round) = (2u64, 2 * max_payload, 0u64);
     while Instant::now() < deadline {
         for _ in 0..rng.random_range(1..6) {
             let input = random_input(&mut rng, max_payload);
@@ -272,13 +281,15 @@ async fn the_chunk_path_takes_random_input_of_any_size_without_stalling() {
     let limiter = p.limiter.as_mut().unwrap();
     assert!(limiter.is_running(), "{}", limiter.log_tail(30));
     let started = Instant::now();
-    while !input_all_taken(&p).await {
+    while let Err(held) = input_all_taken(&p).await {
         assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the limiter left random input unacknowledged"
+            started.elapsed() < Duration::from_secs(120),
+            "the limiter left random input unacknowledged (consumer, pending, unacknowledged): {held:?}\n{}",
+            p.limiter.as_ref().unwrap().log_tail(30)
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    println!("chunk fuzz: every input taken {} ms after the good spend settled", started.elapsed().as_millis());
     let set_aside = metric(limiter_metrics, "adspend_limiter_set_aside_total").await;
     assert_eq!(
         set_aside, 0.0,
