@@ -178,6 +178,9 @@ pub fn day_start(tz: Tz, bucket: u32) -> DateTime<Utc> {
     Utc.from_utc_datetime(&midnight)
 }
 
+/// Limit id → its ancestors, parent first.
+type Ancestors = FxHashMap<Arc<str>, Box<[Arc<Limit>]>>;
+
 /// A validated catalog.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Catalog {
@@ -190,7 +193,7 @@ pub struct Catalog {
     pub ads: FxHashMap<Arc<str>, Vec<Arc<Limit>>>,
     /// Each limit's ancestors, its parent first, worked out at parse time
     /// (at most [`MAX_PARENT_DEPTH`] each).
-    ancestors: FxHashMap<Arc<str>, Box<[Arc<Limit>]>>,
+    ancestors: Ancestors,
     /// The limits in id order (pages of `GET /v1/limits` are slices of it).
     in_order: Box<[Arc<Limit>]>,
 }
@@ -320,10 +323,7 @@ impl Catalog {
 }
 
 /// `direct` and their ancestors, each once, in order.
-fn distinct_above<'a>(
-    direct: &'a [Arc<Limit>],
-    ancestors: &'a FxHashMap<Arc<str>, Box<[Arc<Limit>]>>,
-) -> Vec<&'a Arc<Limit>> {
+fn distinct_above<'a>(direct: &'a [Arc<Limit>], ancestors: &'a Ancestors) -> Vec<&'a Arc<Limit>> {
     let mut out: Vec<&Arc<Limit>> = Vec::with_capacity(direct.len() + 2);
     for limit in direct {
         let chain = ancestors.get(&limit.id).map_or(&[][..], |a| &a[..]);
@@ -342,14 +342,11 @@ fn distinct_above<'a>(
 /// refused: one that loops, or one deeper than [`MAX_PARENT_DEPTH`]. Every
 /// limit is climbed once (a climb stops at a limit already worked out), so
 /// the cost is linear in the catalog whatever its shape.
-fn ancestors_of_each(
-    limits: &HashMap<Arc<str>, Arc<Limit>>,
-) -> Result<FxHashMap<Arc<str>, Box<[Arc<Limit>]>>, String> {
+fn ancestors_of_each(limits: &HashMap<Arc<str>, Arc<Limit>>) -> Result<Ancestors, String> {
     let mut ids: Vec<&Arc<str>> = limits.keys().collect();
     // The first offending limit in id order is the one named.
     ids.sort_unstable();
-    let mut done: FxHashMap<Arc<str>, Box<[Arc<Limit>]>> =
-        FxHashMap::with_capacity_and_hasher(limits.len(), Default::default());
+    let mut done: Ancestors = FxHashMap::with_capacity_and_hasher(limits.len(), Default::default());
     for id in ids {
         if done.contains_key(id) {
             continue;

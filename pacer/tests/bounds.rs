@@ -166,8 +166,7 @@ async fn a_decisions_batch_past_the_id_cap_is_413_naming_the_setting() {
 /// Four chains of 16 limits (the deepest 15 parents down), an ad under
 /// each chain's bottom: [`MAX_LIMITS_ABOVE_AD`] verdicts per decision.
 fn widest_catalog() -> String {
-    assert_eq!(MAX_LIMITS_ABOVE_AD, 4 * 16);
-    assert!(15 <= MAX_PARENT_DEPTH);
+    const { assert!(MAX_LIMITS_ABOVE_AD == 4 * 16 && 15 <= MAX_PARENT_DEPTH) };
     let mut limits = serde_json::Map::new();
     for chain in 0..4 {
         for level in 0..16 {
