@@ -104,6 +104,9 @@ pub const DECISIONS_TOTAL: &str = "adspend_pacer_decisions_total";
 pub const PACER_STALE_SHARDS: &str = "adspend_pacer_stale_shards";
 /// Catalog limits that are stale (their ads are not servable).
 pub const PACER_STALE_LIMITS: &str = "adspend_pacer_stale_limits";
+/// How far behind the limiters' input is (the oldest input waiting, or how
+/// long a consumer's limiters have not reported), seconds.
+pub const PACER_INPUT_LAG_SECONDS: &str = "adspend_pacer_input_lag_seconds";
 /// API requests refused, by `reason`: `unauthorized` (no or unknown bearer
 /// token), `forbidden` (a token of the other scope) or `timeout`.
 pub const PACER_HTTP_REFUSED_TOTAL: &str = "adspend_pacer_http_refused_total";

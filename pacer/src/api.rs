@@ -155,10 +155,13 @@ struct ShardView {
     /// `SPEND` stream sequence the shard's sums are exact as of.
     seq: u64,
     watermark: i64,
+    /// How old the newest spend its sums may lack is, from now: since its
+    /// watermark, or the limiters' input lag when that is more.
     lag_ms: i64,
     /// When the last push from the shard arrived (unix ms).
     updated_ms: i64,
-    /// No push (not even a heartbeat) for the stale threshold.
+    /// No push (not even a heartbeat) for the stale threshold, or the
+    /// limiters' input waited that long.
     stale: bool,
 }
 
@@ -180,9 +183,9 @@ async fn list_shards(State(app): State<AppState>) -> Response {
             epoch: s.epoch,
             seq: s.seq,
             watermark: s.watermark_ms,
-            lag_ms: s.lag_ms,
+            lag_ms: spend.shard_staleness_ms(s, now_ms),
             updated_ms: s.updated_ms,
-            stale: spend.shard_stale(s, now_ms),
+            stale: spend.shard_stale(s, now_ms) || spend.input_stale(),
         })
         .collect();
     shards.sort_by(|a, b| a.shard.cmp(&b.shard));

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use adspend_common::nats;
 use adspend_common::service::{self, Context, Service};
-use adspend_common::telemetry::{PACER_STALE_LIMITS, PACER_STALE_SHARDS};
+use adspend_common::telemetry::{PACER_INPUT_LAG_SECONDS, PACER_STALE_LIMITS, PACER_STALE_SHARDS};
 use tokio::net::TcpListener;
 use tokio::sync::RwLock;
 use tokio_util::sync::CancellationToken;
@@ -116,7 +116,12 @@ pub async fn run(
         catalog.clone(),
         shutdown.clone(),
     ));
-    tasks.spawn(ticker(spend.clone(), catalog.clone(), shutdown.clone()));
+    tasks.spawn(ticker(
+        spend.clone(),
+        reports.clone(),
+        catalog.clone(),
+        shutdown.clone(),
+    ));
     let scope = |scope| {
         if settings.auth.required(scope) {
             "token"
@@ -170,6 +175,7 @@ const HISTORY_EVERY: u64 = 10;
 /// Advance the controllers every second; decay the traffic shape hourly.
 async fn ticker(
     spend: Arc<RwLock<state::SpendState>>,
+    reports: Arc<std::sync::Mutex<sources::SourceReports>>,
     catalog: tokio::sync::watch::Receiver<Arc<adspend_common::catalog::Catalog>>,
     shutdown: CancellationToken,
 ) {
@@ -183,7 +189,12 @@ async fn ticker(
         }
         ticks += 1;
         let catalog = catalog.borrow().clone();
+        let input_lag_ms = reports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .input_lag_ms(adspend_common::now_ms());
         let mut state = spend.write().await;
+        state.set_input_lag(input_lag_ms);
         let record = ticks % HISTORY_EVERY == 1;
         pacing::tick(
             &mut state,
@@ -202,5 +213,6 @@ async fn ticker(
         drop(state);
         metrics::gauge!(PACER_STALE_SHARDS).set(stale_shards as f64);
         metrics::gauge!(PACER_STALE_LIMITS).set(stale_limits as f64);
+        metrics::gauge!(PACER_INPUT_LAG_SECONDS).set(input_lag_ms as f64 / 1000.0);
     }
 }

@@ -44,10 +44,24 @@ pub enum Applied {
     Full,
 }
 
-/// The latest report per limiter.
+/// The latest report per limiter, and per consumer what its input lag was
+/// last heard to be.
 #[derive(Debug, Default)]
 pub struct SourceReports {
     latest: HashMap<String, Received>,
+    consumers: HashMap<String, ConsumerInput>,
+}
+
+/// A consumer's input as last reported by any of its limiters. Never
+/// forgotten (a limiter stuck for longer than [`FORGET_AFTER_MS`] must not
+/// look fresh again); at most [`MAX_LIMITERS`] are kept, and a pacer
+/// restart clears them.
+#[derive(Debug, Clone, Copy)]
+struct ConsumerInput {
+    received_ms: i64,
+    interval_ms: u64,
+    /// The oldest input waiting, ms, as of the report.
+    lag_ms: i64,
 }
 
 /// One limiter's latest report as served.
@@ -89,6 +103,21 @@ impl SourceReports {
             None if self.latest.len() >= MAX_LIMITERS => return Applied::Full,
             _ => {}
         }
+        if self.consumers.len() < MAX_LIMITERS || self.consumers.contains_key(&report.consumer) {
+            let lag_seconds = report
+                .sources
+                .iter()
+                .map(|s| s.lag_seconds)
+                .fold(0.0, f64::max);
+            self.consumers.insert(
+                report.consumer.clone(),
+                ConsumerInput {
+                    received_ms: now_ms,
+                    interval_ms: report.interval_ms.max(1),
+                    lag_ms: (lag_seconds * 1000.0) as i64,
+                },
+            );
+        }
         self.latest.insert(
             report.limiter.clone(),
             Received {
@@ -97,6 +126,24 @@ impl SourceReports {
             },
         );
         Applied::Kept
+    }
+
+    /// How far behind the limiters' input is at `now_ms`, ms: the worst
+    /// over consumers of the oldest input waiting, and, for a consumer
+    /// whose reports stopped for [`STALE_INTERVALS`] intervals (a limiter
+    /// stuck, cut off or gone with none to take over), the time since its
+    /// last report on top. Spend waiting there reaches no aggregator, which
+    /// therefore looks caught up: only this tells the pacer that it is not.
+    pub fn input_lag_ms(&self, now_ms: i64) -> i64 {
+        self.consumers
+            .values()
+            .map(|c| {
+                let age = now_ms.saturating_sub(c.received_ms).max(0);
+                let stopped = age as u64 > c.interval_ms.saturating_mul(STALE_INTERVALS);
+                c.lag_ms + if stopped { age } else { 0 }
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     fn forget_old(&mut self, now_ms: i64) {
@@ -192,6 +239,37 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn input_lag_is_the_oldest_waiting_and_grows_from_now_when_reports_stop() {
+        let mut store = SourceReports::default();
+        assert_eq!(
+            store.input_lag_ms(5_000),
+            0,
+            "no limiter heard: nothing known"
+        );
+        store.apply(report("l1", 1_000, &[("a", 0.5)]), 1_000);
+        let mut lagging = report("l1", 2_000, &[("a", 0.5)]);
+        lagging.sources[0].lag_seconds = 0.25;
+        store.apply(lagging, 2_000);
+        assert_eq!(store.input_lag_ms(2_500), 250);
+        assert_eq!(
+            store.input_lag_ms(5_000),
+            250,
+            "three intervals: not yet stopped"
+        );
+        assert_eq!(
+            store.input_lag_ms(5_001),
+            250 + 3_001,
+            "stopped: lag grows from now"
+        );
+        // Past the horizon the limiter's view is forgotten, its input not.
+        assert_eq!(store.view(70_000).limiters.len(), 0);
+        assert_eq!(store.input_lag_ms(70_000), 250 + 68_000);
+        // Another limiter of the same consumer takes over: fresh again.
+        store.apply(report("l2", 70_000, &[("a", 0.5)]), 70_000);
+        assert_eq!(store.input_lag_ms(70_100), 0);
+    }
 
     fn report(limiter: &str, ts_ms: i64, sources: &[(&str, f64)]) -> SourcesReport {
         SourcesReport {

@@ -173,6 +173,9 @@ pub struct SpendState {
     pub listening_since_ms: Option<i64>,
     /// The pacing served (`ADSPEND_PACER_ALGORITHM`).
     pub algorithm: Algorithm,
+    /// How far behind the limiters' input is, ms (set every tick from
+    /// their reports, [`crate::sources::SourceReports::input_lag_ms`]).
+    pub input_lag_ms: i64,
 }
 
 impl Default for SpendState {
@@ -186,6 +189,7 @@ impl Default for SpendState {
             stale_after_ms: DEFAULT_STALE_AFTER_MS,
             listening_since_ms: None,
             algorithm: Algorithm::Adspend,
+            input_lag_ms: 0,
         }
     }
 }
@@ -309,12 +313,32 @@ impl SpendState {
         now_ms - shard.updated_ms > self.stale_after_ms
     }
 
+    /// How old the newest spend the shard's sums may lack is, from now (as
+    /// [`Self::staleness_ms`]).
+    pub fn shard_staleness_ms(&self, shard: &ShardState, now_ms: i64) -> i64 {
+        (now_ms - shard.watermark_ms).max(0).max(self.input_lag_ms)
+    }
+
+    /// How old, at `now_ms`, the newest spend a limit's sums may lack is,
+    /// measured from now: the later of its watermark (which stops while
+    /// its shard is behind or silent) and the limiters' input lag (spend
+    /// waiting before any aggregator, which then looks caught up).
+    pub fn staleness_ms(&self, limit: Option<&LimitSums>, now_ms: i64) -> i64 {
+        let behind = self.watermark_ms(limit).map_or(0, |w| (now_ms - w).max(0));
+        behind.max(self.input_lag_ms)
+    }
+
     /// Whether a limit's sums may be out of date by more than the lag guard
-    /// can account for: its shard is stale. A limit with no spend yet could
-    /// get it from any shard (as its watermark is the oldest of all), so it
-    /// is stale when any shard is, or when none has pushed since the pacer
+    /// can account for: input waited at the limiters for `stale_after_ms`
+    /// (then the aggregators look caught up, but spend is not reaching
+    /// them), or its shard is silent. A limit with no spend yet could get
+    /// it from any shard (as its watermark is the oldest of all), so it is
+    /// stale when any shard is, or when none has pushed since the pacer
     /// started listening `stale_after_ms` ago.
     pub fn limit_stale(&self, limit: Option<&LimitSums>, now_ms: i64) -> bool {
+        if self.input_stale() {
+            return true;
+        }
         let shard = limit
             .and_then(|l| l.shard.as_ref())
             .and_then(|s| self.shards.get(s));
@@ -325,6 +349,28 @@ impl SpendState {
                 .is_some_and(|since| now_ms - since > self.stale_after_ms),
             None => self.shards.values().any(|s| self.shard_stale(s, now_ms)),
         }
+    }
+
+    /// The limiters' input has waited for longer than `stale_after_ms`.
+    pub fn input_stale(&self) -> bool {
+        self.input_lag_ms > self.stale_after_ms
+    }
+
+    /// Take the limiters' input lag (every tick), logging once when it
+    /// passes the stale threshold and once when it is back under.
+    pub fn set_input_lag(&mut self, input_lag_ms: i64) {
+        let was = self.input_lag_ms > self.stale_after_ms;
+        let is = input_lag_ms > self.stale_after_ms;
+        if is && !was {
+            tracing::warn!(
+                input_lag_ms,
+                stale_after_ms = self.stale_after_ms,
+                "limiter input stale: input waits at the limiters (or a limiter stopped reporting); every limit is stale and its ads are not servable until it flows again"
+            );
+        } else if was && !is {
+            tracing::info!(input_lag_ms, "limiter input flowing again");
+        }
+        self.input_lag_ms = input_lag_ms;
     }
 
     /// Record which shards are stale at `now_ms`, logging each change once;
@@ -413,6 +459,12 @@ mod tests {
         assert_eq!(window.max(), 5);
     }
 
+    /// `update` as pushed at `now_ms` by an owner caught up at that moment.
+    fn caught_up(mut update: SumsUpdate, now_ms: i64) -> SumsUpdate {
+        update.watermark_ms = now_ms;
+        update
+    }
+
     #[test]
     fn a_shard_is_stale_after_a_silence_and_fresh_with_its_next_push() {
         let mut state = SpendState {
@@ -423,7 +475,10 @@ mod tests {
         // Nothing heard yet: not stale until the pacer has listened that long.
         assert!(!state.limit_stale(None, 1_000));
         assert!(state.limit_stale(None, 1_001));
-        assert_eq!(state.apply(&update(1, 1, 1, 10), 5_000), Applied::Ok);
+        assert_eq!(
+            state.apply(&caught_up(update(1, 1, 1, 10), 5_000), 5_000),
+            Applied::Ok
+        );
         let a = state.limits["a"].clone();
         assert!(!state.limit_stale(Some(&a), 6_000));
         assert_eq!(state.mark_stale_shards(6_000), 0);
@@ -431,17 +486,61 @@ mod tests {
         assert_eq!(state.mark_stale_shards(6_001), 1);
         // A limit with no spend yet could be any shard's: stale as well.
         assert!(state.limit_stale(None, 6_001));
-        // A heartbeat (no entries) is progress.
-        let mut heartbeat = update(1, 1, 2, 10);
+        // A heartbeat (no entries) of an owner caught up is progress.
+        let mut heartbeat = caught_up(update(1, 1, 2, 10), 7_000);
         heartbeat.entries.clear();
         assert_eq!(state.apply(&heartbeat, 7_000), Applied::Ok);
         assert!(!state.limit_stale(Some(&a), 7_500));
         assert!(!state.limit_stale(None, 7_500));
         assert_eq!(state.mark_stale_shards(7_500), 0);
         // A fenced owner's pushes are not.
-        assert_eq!(state.apply(&update(2, 2, 1, 10), 7_600), Applied::Ok);
-        assert_eq!(state.apply(&update(1, 3, 3, 10), 9_000), Applied::Stale);
+        assert_eq!(
+            state.apply(&caught_up(update(2, 2, 1, 10), 7_600), 7_600),
+            Applied::Ok
+        );
+        assert_eq!(
+            state.apply(&caught_up(update(1, 3, 3, 10), 9_000), 9_000),
+            Applied::Stale
+        );
         assert!(state.limit_stale(Some(&a), 8_601));
+    }
+
+    #[test]
+    fn spend_that_stopped_flowing_is_stale_though_heartbeats_arrive() {
+        let mut state = SpendState {
+            stale_after_ms: 1_000,
+            ..SpendState::default()
+        };
+        assert_eq!(
+            state.apply(&caught_up(update(1, 1, 1, 10), 5_000), 5_000),
+            Applied::Ok
+        );
+        let a = state.limits["a"].clone();
+        // The owner keeps sending heartbeats, but its watermark stopped at
+        // 5,000: lag measured from now grows.
+        for (push_seq, at) in [(2, 5_500), (3, 6_000), (4, 6_500)] {
+            let mut heartbeat = update(1, 1, push_seq, 10);
+            heartbeat.entries.clear();
+            heartbeat.watermark_ms = 5_000;
+            assert_eq!(state.apply(&heartbeat, at), Applied::Ok);
+        }
+        assert_eq!(state.staleness_ms(Some(&a), 6_500), 1_500);
+        assert!(
+            !state.shard_stale(&state.shards["all"], 6_500),
+            "it does push"
+        );
+        // Caught up again, but the limiters' input waits: spend is not
+        // reaching the aggregator, which looks caught up.
+        let mut heartbeat = caught_up(update(1, 1, 5, 10), 7_000);
+        heartbeat.entries.clear();
+        assert_eq!(state.apply(&heartbeat, 7_000), Applied::Ok);
+        assert!(!state.limit_stale(Some(&a), 7_000));
+        state.set_input_lag(1_001);
+        assert_eq!(state.staleness_ms(Some(&a), 7_000), 1_001);
+        assert!(state.limit_stale(Some(&a), 7_000));
+        assert!(state.limit_stale(None, 7_000));
+        state.set_input_lag(10);
+        assert!(!state.limit_stale(Some(&a), 7_000));
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod decisions;
 mod etcd_tls;
 mod fair;
 mod fair_watch;
+mod freshness;
 mod harness_selftest;
 mod limiter_stall;
 mod membership;

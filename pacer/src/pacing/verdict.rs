@@ -62,7 +62,7 @@ pub fn verdict(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> Verdict
     let exhausted = remaining == 0 || (!baseline && (remaining as f64) < typical);
     let watermark_ms = state.watermark_ms(sums);
     let stale = state.limit_stale(sums, now.timestamp_millis());
-    let staleness_ms = watermark_ms.map_or(0, |w| (now.timestamp_millis() - w).max(0));
+    let staleness_ms = state.staleness_ms(sums, now.timestamp_millis());
     // The guard plans for the worse of the measured p99 and the current staleness.
     let lag_ms = state.lag.p99().max(staleness_ms);
     let pacing = state.pacing.get(&*limit.id);

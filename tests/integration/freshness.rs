@@ -1,0 +1,144 @@
+//! A stall never looks fresh: while the limiter is stuck (frozen here with
+//! SIGSTOP, as a hung or cut-off limiter), the aggregators are idle and
+//! look caught up and keep sending heartbeats, yet every limit turns stale
+//! within the threshold, its lag grows from now, and its ads are not
+//! servable; once the limiter goes on, the limits are fresh and exact.
+
+use std::time::Duration;
+
+use adspend_tests::harness::wait_until_ok;
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+use crate::support::{assert_exact, sim_config, Backends, Pipeline};
+
+/// The smallest threshold the pacer takes.
+const STALE_AFTER_MS: i64 = 2_000;
+
+/// (stale, lag_ms) of every limit.
+async fn freshness(http: &reqwest::Client, url: &str) -> anyhow::Result<Vec<(String, bool, i64)>> {
+    let page: Value = http
+        .get(format!("{url}/v1/limits?limit=1000"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let limits = page["limits"].as_array().context("limits")?;
+    Ok(limits
+        .iter()
+        .map(|l| {
+            (
+                l["limit_id"].as_str().unwrap_or_default().to_string(),
+                l["stale"].as_bool().unwrap_or(false),
+                l["lag_ms"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect())
+}
+
+/// The decision for `ad`: (servable, marked stale).
+async fn decision(http: &reqwest::Client, url: &str, ad: &str) -> anyhow::Result<(bool, bool)> {
+    let answer: Value = http
+        .post(format!("{url}/v1/decisions"))
+        .json(&serde_json::json!({ "ad_ids": [ad] }))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let decision = &answer["decisions"][0];
+    Ok((
+        decision["servable"].as_bool().context("servable")?,
+        decision["stale"].as_bool().unwrap_or(false),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_limiter_makes_every_limit_stale_though_aggregators_look_caught_up() {
+    let mut p = Pipeline::start(Backends::default(), 20).await;
+    let stale_after = STALE_AFTER_MS.to_string();
+    p.aggregator = Some(p.spawn("aggregator"));
+    p.limiter = Some(p.spawn("limiter"));
+    p.pacer = Some(p.spawn_with(
+        "pacer",
+        adspend_tests::harness::free_port(),
+        &[("ADSPEND_PACER_STALE_AFTER_MS", stale_after.as_str())],
+    ));
+    p.wait_pacer().await;
+    let http = reqwest::Client::new();
+    let url = p.pacer_url();
+    let mut truth = p.publish(&sim_config(1_000, 81)).await;
+    assert_exact(&p.settle(&truth, Duration::from_secs(60)).await, &truth);
+    let ad = p.catalog.ads.keys().next().expect("an ad").clone();
+    wait_until_ok(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async {
+            let limits = freshness(&http, &url).await?;
+            if limits.iter().any(|(_, stale, _)| *stale) {
+                bail!("stale while everything flows: {limits:?}");
+            }
+            Ok(())
+        },
+    )
+    .await
+    .expect("fresh while the limiter runs");
+    assert_eq!(decision(&http, &url, &ad).await.unwrap(), (true, false));
+
+    // The limiter stops; ad servers go on publishing.
+    p.limiter.as_mut().unwrap().pause().expect("SIGSTOP");
+    truth.absorb(&p.publish(&sim_config(500, 82)).await);
+    let limits = wait_until_ok(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async {
+            let limits = freshness(&http, &url).await?;
+            if limits
+                .iter()
+                .any(|(_, stale, lag)| !*stale || *lag <= STALE_AFTER_MS)
+            {
+                bail!("not every limit stale with its lag past the threshold: {limits:?}");
+            }
+            Ok(limits)
+        },
+    )
+    .await
+    .expect("every limit stale while the limiter is stuck");
+    assert_eq!(limits.len(), p.catalog.limits.len());
+    assert!(
+        !servable(&http, &url, &ad).await.unwrap(),
+        "a stale limit's ad is not servable"
+    );
+    let shards: Value = http
+        .get(format!("{url}/v1/shards"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for shard in shards["shards"].as_array().expect("shards") {
+        assert_eq!(shard["stale"], true, "{shard}");
+        assert!(
+            shard["lag_ms"].as_i64().unwrap() > STALE_AFTER_MS,
+            "{shard}"
+        );
+    }
+
+    // It goes on: fresh and exact again.
+    p.limiter.as_mut().unwrap().resume().expect("SIGCONT");
+    assert_exact(&p.settle(&truth, Duration::from_secs(60)).await, &truth);
+    wait_until_ok(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async {
+            let limits = freshness(&http, &url).await?;
+            if limits.iter().any(|(_, stale, _)| *stale) {
+                bail!("still stale: {limits:?}");
+            }
+            Ok(())
+        },
+    )
+    .await
+    .expect("fresh again once the limiter goes on");
+    assert!(!decision(&http, &url, &ad).await.unwrap().1, "not stale");
+}
