@@ -104,8 +104,9 @@ async fn a_stuck_limiter_makes_every_limit_stale_though_aggregators_look_caught_
     .await
     .expect("every limit stale while the limiter is stuck");
     assert_eq!(limits.len(), p.catalog.limits.len());
-    assert!(
-        !servable(&http, &url, &ad).await.unwrap(),
+    assert_eq!(
+        decision(&http, &url, &ad).await.unwrap(),
+        (false, true),
         "a stale limit's ad is not servable"
     );
     let shards: Value = http
