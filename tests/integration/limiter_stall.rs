@@ -52,7 +52,7 @@ async fn letters(p: &Pipeline, subject: &str, expected: usize) -> Vec<serde_json
 /// otherwise what they hold, per consumer.
 async fn input_all_taken(p: &Pipeline) -> Result<(), Vec<(String, u64, usize)>> {
     let js = jetstream::new(p.client().await);
-    let mut stream = js.get_stream("IMPRESSIONS").await.expect("IMPRESSIONS");
+    let stream = js.get_stream("IMPRESSIONS").await.expect("IMPRESSIONS");
     let names: Vec<String> = stream
         .consumer_names()
         .collect::<Vec<_>>()
@@ -107,7 +107,11 @@ async fn a_message_of_5100_bad_lines_does_not_stop_the_limiter() {
     assert!(all.iter().all(|l| l["stream_seq"].as_u64() == Some(seq)));
     let reasons: Vec<&str> = all.iter().map(|l| l["reason"].as_str().unwrap()).collect();
     let summary = all.last().unwrap();
-    assert_eq!(summary["reason"], adspend_limiter::dead_letter::SUMMARY_REASON, "{reasons:?} {summary}");
+    assert_eq!(
+        summary["reason"],
+        adspend_limiter::dead_letter::SUMMARY_REASON,
+        "{reasons:?} {summary}"
+    );
     assert_eq!(
         summary["reason"],
         adspend_limiter::dead_letter::SUMMARY_REASON
@@ -183,7 +187,11 @@ async fn input_whose_output_nats_refuses_is_set_aside_and_the_rest_goes_on() {
     );
     let limiter = p.limiter.as_mut().unwrap();
     assert!(limiter.is_running(), "{}", limiter.log_tail(20));
-    assert_eq!(input_all_taken(&p).await, Ok(()), "input left unacknowledged");
+    assert_eq!(
+        input_all_taken(&p).await,
+        Ok(()),
+        "input left unacknowledged"
+    );
 }
 
 /// One random input message: any bytes, any size up to near the server's
@@ -225,7 +233,9 @@ fn random_input(rng: &mut rand::rngs::StdRng, max_payload: usize) -> Vec<u8> {
         // Very many short lines.
         1..=4 => b"x\n".repeat(rng.random_range(1_000..100_000)),
         // Random bytes.
-        5..=9 => (0..rng.random_range(0..65_536)).map(|_| rng.random()).collect(),
+        5..=9 => (0..rng.random_range(0..65_536))
+            .map(|_| rng.random())
+            .collect(),
         // A mix of junk lines.
         _ => {
             let lines = rng.random_range(1..1_000);
@@ -263,7 +273,12 @@ async fn the_chunk_path_takes_random_input_of_any_size_without_stalling() {
     // The extremes first: a line as long as the server takes, and a message
     // of the most lines that fit.
     publish_raw(&p, "impressions.fuzz0", vec![0u8; max_payload - 1024]).await;
-    publish_raw(&p, "impressions.fuzz1", b"\n\"\n".repeat(max_payload / 3 - 1024)).await;
+    publish_raw(
+        &p,
+        "impressions.fuzz1",
+        b"\n\"\n".repeat(max_payload / 3 - 1024),
+    )
+    .await;
     let (mut messages, mut bytes, mut round) = (2u64, 2 * max_payload, 0u64);
     while Instant::now() < deadline {
         for _ in 0..rng.random_range(1..6) {
@@ -289,7 +304,10 @@ async fn the_chunk_path_takes_random_input_of_any_size_without_stalling() {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    println!("chunk fuzz: every input taken {} ms after the good spend settled", started.elapsed().as_millis());
+    println!(
+        "chunk fuzz: every input taken {} ms after the good spend settled",
+        started.elapsed().as_millis()
+    );
     let set_aside = metric(limiter_metrics, "adspend_limiter_set_aside_total").await;
     assert_eq!(
         set_aside, 0.0,
