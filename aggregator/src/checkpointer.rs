@@ -27,6 +27,11 @@ use crate::error::Error;
 use crate::fence::Validity;
 use crate::restore;
 use crate::store::Store;
+use crate::telemetry::CHAIN_LOST_TOTAL;
+
+mod failures;
+
+pub use failures::{Failing, Reason};
 
 /// File name of the LMDB data file, in snapshots as in the environment.
 pub const DATA_FILE: &str = "data.mdb";
@@ -67,6 +72,7 @@ impl Checkpointer {
         cancel: CancellationToken,
     ) -> Result<Self, Error> {
         let mut last_request = requests.borrow().0;
+        let mut failing = Failing::default();
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return Ok(self),
@@ -82,6 +88,7 @@ impl Checkpointer {
             tracing::debug!(seq, "checkpoint: start");
             match self.checkpoint(seq).await {
                 Ok(record) => {
+                    failing.recovered(&self.shard, &record);
                     metrics::counter!(CHECKPOINTS_TOTAL, "outcome" => "ok").increment(1);
                     let kind = if record.deltas.is_empty() {
                         "base"
@@ -105,7 +112,12 @@ impl Checkpointer {
                 Err(e) => {
                     // The previous checkpoint stays in force; the next marker retries.
                     metrics::counter!(CHECKPOINTS_TOTAL, "outcome" => "failed").increment(1);
-                    tracing::error!(error = %e, "checkpoint failed");
+                    let reason = failing.failed(&self.shard, &self.snapshots, &e);
+                    if reason == Reason::BucketMissing {
+                        // Whatever the chain named went with the bucket.
+                        self.chain = None;
+                        failures::create_bucket(&self.shard, &self.snapshots).await;
+                    }
                 }
             }
         }
@@ -114,13 +126,26 @@ impl Checkpointer {
     /// Take a checkpoint covering at least `marker_seq`: a delta on top of
     /// the recorded chain when there is one to extend, else a new base.
     pub async fn checkpoint(&mut self, marker_seq: u64) -> Result<CheckpointRecord, Error> {
-        let extend = self.chain.as_ref().filter(|chain| {
-            chain.deltas.len() < self.max_deltas && chain.delta_bytes() < chain.size_bytes
-        });
-        let result = match extend.cloned() {
+        let extend = self
+            .chain
+            .as_ref()
+            .filter(|chain| {
+                chain.deltas.len() < self.max_deltas && chain.delta_bytes() < chain.size_bytes
+            })
+            .cloned();
+        // A delta is only as good as the objects it extends: a store that
+        // lost them (restarted empty) gets a new base instead.
+        let extend = match extend {
+            Some(chain) => {
+                let keys = self.snapshots.list(&self.shard).await?;
+                self.chain_intact(&chain, &keys).then_some((chain, keys))
+            }
+            None => None,
+        };
+        let result = match extend {
             // A delta that fails puts what it took back, or resets the chain
             // when it cannot (see `delta`).
-            Some(chain) => self.delta(chain).await,
+            Some((chain, keys)) => self.delta(chain, keys).await,
             None => {
                 let result = self.base(marker_seq).await;
                 if result.is_err() {
@@ -135,9 +160,37 @@ impl Checkpointer {
         result
     }
 
+    /// Whether every object `chain` names is among `keys` (the shard's
+    /// objects); if not, says so and drops the chain, so that this
+    /// checkpoint copies a new base.
+    fn chain_intact(&mut self, chain: &CheckpointRecord, keys: &[String]) -> bool {
+        let gone: Vec<&str> = std::iter::once(chain.snapshot_key.as_str())
+            .chain(chain.deltas.iter().map(|d| d.key.as_str()))
+            .filter(|key| keys.binary_search_by(|k| k.as_str().cmp(key)).is_err())
+            .collect();
+        if gone.is_empty() {
+            return true;
+        }
+        metrics::counter!(CHAIN_LOST_TOTAL, "shard" => self.shard.clone()).increment(1);
+        tracing::error!(
+            shard = self.shard,
+            store = self.snapshots.url(),
+            checkpoint = chain.checkpoint_id,
+            gone = gone.join(","),
+            "objects of the recorded checkpoint are gone from the store (it lost them); \
+             this checkpoint copies a new base instead of a delta on them"
+        );
+        self.chain = None;
+        false
+    }
+
     /// Upload the changes since the last checkpoint and record them as the
-    /// next link of `chain`.
-    async fn delta(&mut self, chain: CheckpointRecord) -> Result<CheckpointRecord, Error> {
+    /// next link of `chain`; `keys` are the shard's objects before it.
+    async fn delta(
+        &mut self,
+        chain: CheckpointRecord,
+        keys: Vec<String>,
+    ) -> Result<CheckpointRecord, Error> {
         let id = self.next_id;
         let changes = self.changes.clone();
         let lineage = self.lineage.clone();
@@ -183,7 +236,9 @@ impl Checkpointer {
             size = pieces.iter().map(|p| p.len()).sum::<usize>(),
             "checkpoint: delta encoded; uploading"
         );
-        let result = self.upload_and_record(chain, id, seq, key, pieces).await;
+        let result = self
+            .upload_and_record(chain, id, seq, key, pieces, keys)
+            .await;
         if result.is_err() {
             // Nothing was recorded (or, if the record's outcome is unknown,
             // a record this chain plus the put-back changes still covers):
@@ -201,6 +256,7 @@ impl Checkpointer {
         seq: u64,
         key: String,
         pieces: Vec<bytes::Bytes>,
+        keys: Vec<String>,
     ) -> Result<CheckpointRecord, Error> {
         self.check_lease()?;
         let (size_bytes, checksum) = self.snapshots.put(&key, pieces).await?;
@@ -221,7 +277,7 @@ impl Checkpointer {
         self.next_id += 1;
         failpoint::hit("aggregator.after_record");
         metrics::counter!(CHECKPOINT_UPLOADED_BYTES_TOTAL, "kind" => "delta").increment(size_bytes);
-        self.collect_garbage(&record).await;
+        self.collect_garbage(&record, Some(keys)).await;
         Ok(record)
     }
 
@@ -296,7 +352,7 @@ impl Checkpointer {
         failpoint::hit("aggregator.after_record");
         metrics::counter!(CHECKPOINT_UPLOADED_BYTES_TOTAL, "kind" => "base").increment(size_bytes);
         let _ = tokio::fs::remove_dir_all(&dir).await;
-        self.collect_garbage(&record).await;
+        self.collect_garbage(&record, None).await;
         Ok(record)
     }
 
@@ -314,14 +370,19 @@ impl Checkpointer {
     /// the recorded chain's range the objects it does not name (failed
     /// attempts, which reuse the checkpoint id). Nothing the record names
     /// is deleted, nor an object whose name does not parse or whose id is
-    /// past the record's (another owner's).
-    async fn collect_garbage(&self, record: &CheckpointRecord) {
-        let keys = match self.snapshots.list(&self.shard).await {
-            Ok(keys) => keys,
-            Err(e) => {
-                tracing::warn!(error = %e, "snapshot GC: listing failed");
-                return;
-            }
+    /// past the record's (another owner's). `keys`: the shard's objects as
+    /// listed before this checkpoint's upload, if they were (the new object
+    /// is named by the record, so it need not be among them).
+    async fn collect_garbage(&self, record: &CheckpointRecord, keys: Option<Vec<String>>) {
+        let keys = match keys {
+            Some(keys) => keys,
+            None => match self.snapshots.list(&self.shard).await {
+                Ok(keys) => keys,
+                Err(e) => {
+                    tracing::warn!(error = %e, "snapshot GC: listing failed");
+                    return;
+                }
+            },
         };
         let Some(base_id) = object_id(&record.snapshot_key) else {
             return;

@@ -13,6 +13,50 @@ use crate::apply::DedupeLimits;
 use crate::shard::Settings;
 use crate::snapshot_store::SnapshotStore;
 
+/// Environment variable of [`Config::accept_loss`]. Its own here (not in
+/// `adspend_common::env`, which is maintained elsewhere); docs/CONFIGURATION.md
+/// has its row.
+pub const ACCEPT_LOSS: &str = "ADSPEND_AGGREGATOR_ACCEPT_LOSS";
+
+/// The shards an operator allowed to be rebuilt at a loss
+/// ([`Config::accept_loss`]): each one only at the checkpoint named.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AcceptLoss(Vec<(String, u64)>);
+
+impl AcceptLoss {
+    /// `<shard>@<checkpoint id>`, comma-separated; empty: none.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        let mut accepted = Vec::new();
+        for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (shard, id) = item
+                .split_once('@')
+                .ok_or_else(|| format!("{item:?}: expected <shard>@<checkpoint id>, e.g. p3@17"))?;
+            let valid_shard = !shard.is_empty()
+                && shard.len() <= 64
+                && shard
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+            if !valid_shard {
+                return Err(format!(
+                    "{item:?}: the shard is \"all\", \"p<partition>\" or a fixed list's \"p1-3\""
+                ));
+            }
+            let id: u64 = id
+                .parse()
+                .map_err(|e| format!("{item:?}: the checkpoint id: {e}"))?;
+            accepted.push((shard.to_string(), id));
+        }
+        Ok(AcceptLoss(accepted))
+    }
+
+    /// Whether the loss of `shard`'s checkpoint `checkpoint_id` is accepted.
+    pub fn covers(&self, shard: &str, checkpoint_id: u64) -> bool {
+        self.0
+            .iter()
+            .any(|(s, id)| s == shard && *id == checkpoint_id)
+    }
+}
+
 /// Which partitions this aggregator applies.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Ownership {
@@ -114,6 +158,15 @@ pub struct Config {
     #[arg(long, env = env::LMDB_MAP_GIB, default_value_t = 64,
           value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub lmdb_map_gib: u64,
+    /// Shards whose recorded snapshot is gone while SPEND no longer holds
+    /// their whole history, to rebuild anyway, accepting the loss:
+    /// `<shard>@<checkpoint id>`, comma-separated, as the aggregator's
+    /// ERROR line names them (e.g. p3@17). Such a shard starts again empty
+    /// at SPEND's first sequence: the spend before it is not counted. Only
+    /// the checkpoint named: a later loss needs a new decision. See
+    /// docs/RECOVERY.md.
+    #[arg(long, env = ACCEPT_LOSS)]
+    pub accept_loss: Option<String>,
 }
 
 impl Config {
@@ -131,6 +184,7 @@ impl Config {
                 });
             }
         }
+        self.parse_accept_loss()?;
         let snapshots = SnapshotStore::from_url(&self.object_store_url())?;
         let metrics_addr = parse_addr(env::METRICS_ADDR, &self.metrics_addr)?;
         Ok(Validated {
@@ -176,6 +230,15 @@ impl Config {
         Ok(id)
     }
 
+    fn parse_accept_loss(&self) -> Result<AcceptLoss, Error> {
+        let value = self.accept_loss.as_deref().unwrap_or_default();
+        AcceptLoss::parse(value).map_err(|reason| Error::Config {
+            name: ACCEPT_LOSS,
+            value: value.to_string(),
+            reason,
+        })
+    }
+
     pub fn lease_ttl(&self) -> Duration {
         Duration::from_millis(self.lease_ttl_ms)
     }
@@ -188,6 +251,8 @@ impl Config {
             max_deltas: self.checkpoint_max_deltas as usize,
             lmdb_map_size: usize::try_from(self.lmdb_map_gib << 30).unwrap_or(usize::MAX),
             stream_replicas: self.streams.replicas(),
+            // Checked by `validate`.
+            accept_loss: self.parse_accept_loss().unwrap_or_default(),
         }
     }
 
@@ -273,6 +338,27 @@ mod tests {
                 member_id: "agg-1".into()
             }
         );
+    }
+
+    #[test]
+    fn accepted_losses_name_a_shard_and_its_checkpoint() {
+        let accepted = validate(&["--accept-loss=p3@17, all@2"]).unwrap();
+        let accepted = accepted.config.shard_settings().accept_loss;
+        assert!(accepted.covers("p3", 17) && accepted.covers("all", 2));
+        assert!(!accepted.covers("p3", 18) && !accepted.covers("p4", 17));
+        assert_eq!(
+            validate(&[]).unwrap().config.shard_settings().accept_loss,
+            AcceptLoss::default()
+        );
+        for bad in ["p3", "p3@", "@17", "P3@17", "p3@x", "all@-1"] {
+            let error = validate(&[&format!("--accept-loss={bad}")]).unwrap_err();
+            assert_eq!(
+                error.exit_code(),
+                adspend_common::error::EXIT_BAD_SETTING,
+                "{bad}: {error}"
+            );
+            assert!(error.to_string().contains(ACCEPT_LOSS), "{error}");
+        }
     }
 
     #[test]

@@ -49,6 +49,17 @@ pub enum Error {
     #[error("snapshot {key} does not match its checkpoint record: {reason}")]
     SnapshotMismatch { key: String, reason: String },
 
+    /// The store answered, and the object the checkpoint record names (the
+    /// base or one of its deltas) is not there: not an outage, a loss
+    /// ([`crate::missing`] decides the way out).
+    #[error("snapshot {url}/{key}, named by checkpoint {checkpoint_id} (sequence {seq}), is gone from the store")]
+    SnapshotMissing {
+        url: String,
+        key: String,
+        checkpoint_id: u64,
+        seq: u64,
+    },
+
     #[error("lease lost: shard {shard} is no longer ours to apply")]
     LeaseLost { shard: String },
 
@@ -81,6 +92,7 @@ impl Error {
             | Error::RetentionGap { .. }
             | Error::LogBackwards { .. }
             | Error::SnapshotMismatch { .. }
+            | Error::SnapshotMissing { .. }
             | Error::Membership { .. }
             | Error::LeaseLost { .. } => false,
         }

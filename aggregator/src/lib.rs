@@ -9,13 +9,16 @@
 //! member's lease expires.
 //!
 //! A shard restores its state ([`restore`]: warm from the local LMDB of
-//! [`store`], or cold from the snapshot its checkpoint record names), then
+//! [`store`], or cold from the snapshot its checkpoint record names; when
+//! that snapshot is gone, [`missing`] rebuilds it from the stream or waits
+//! visibly for an operator), then
 //! [`consume`] reads `SPEND` and feeds [`apply`]'s single writer thread
 //! (hand-offs in [`handoff`], the dedupe window in [`dedupe`]), which commits
 //! each group of messages in one LMDB transaction; on a marker the writer
 //! asks [`checkpointer`] for a snapshot, and after every commit [`push`]
 //! sends the changed sums to the pacer. [`fence`] is the lease deadline the
-//! writer and the checkpointer obey in cluster mode.
+//! writer and the checkpointer obey in cluster mode. [`telemetry`] names the
+//! metrics of lost snapshots and failed checkpoints.
 
 pub mod apply;
 pub mod background;
@@ -28,12 +31,14 @@ pub mod delta;
 pub mod error;
 pub mod fence;
 pub mod handoff;
+pub mod missing;
 pub mod push;
 pub mod record;
 pub mod restore;
 pub mod shard;
 pub mod snapshot_store;
 pub mod store;
+pub mod telemetry;
 
 use std::net::SocketAddr;
 

@@ -21,6 +21,9 @@ pub enum Start {
     Warm,
     /// Downloaded and verified the recorded snapshot.
     Cold,
+    /// The recorded snapshot was gone: rebuilt from an empty state by
+    /// replaying `SPEND` ([`crate::missing`]).
+    Rebuilt,
 }
 
 impl Start {
@@ -29,6 +32,7 @@ impl Start {
             Start::Fresh => "fresh",
             Start::Warm => "warm",
             Start::Cold => "cold",
+            Start::Rebuilt => "rebuilt",
         }
     }
 }
@@ -50,6 +54,52 @@ fn fresh(store: Store) -> Result<(Store, String, Start), Error> {
     store.set_lineage(&mut txn, &lineage)?;
     txn.commit().map_err(store.err("commit"))?;
     Ok((store, lineage, Start::Fresh))
+}
+
+/// A new history in place of whatever `lmdb_dir` held: an empty store of a
+/// new lineage whose last applied sequence is `start_after` (0: the whole
+/// stream is replayed). For a recorded snapshot that is gone
+/// ([`crate::missing`]).
+pub fn rebuild(
+    lmdb_dir: &Path,
+    map_size: usize,
+    start_after: u64,
+) -> Result<(Store, String, Start), Error> {
+    if lmdb_dir.exists() {
+        std::fs::remove_dir_all(lmdb_dir).map_err(adspend_common::Error::io("remove", lmdb_dir))?;
+    }
+    let (store, lineage, _) = fresh(Store::open(lmdb_dir, map_size)?)?;
+    if start_after > 0 {
+        let mut txn = store.write_txn()?;
+        store.set_last_applied_seq(&mut txn, start_after)?;
+        txn.commit().map_err(store.err("commit"))?;
+    }
+    if let Some(parent) = lmdb_dir.parent() {
+        crate::record::fsync_dir(parent)?;
+    }
+    Ok((store, lineage, Start::Rebuilt))
+}
+
+/// A failed fetch of `key`, named by `record`: a [`Error::SnapshotMissing`]
+/// when the store answered that it is not there.
+fn fetch_failed(
+    snapshots: &SnapshotStore,
+    record: &CheckpointRecord,
+    key: &str,
+) -> impl FnOnce(adspend_common::Error) -> Error {
+    let missing = Error::SnapshotMissing {
+        url: snapshots.url().to_string(),
+        key: key.to_string(),
+        checkpoint_id: record.checkpoint_id,
+        seq: record.seq,
+    };
+    move |e| {
+        if crate::snapshot_store::is_not_found(&e) {
+            missing
+        } else {
+            e.into()
+        }
+    }
 }
 
 pub(crate) fn close(store: Store) {
@@ -96,7 +146,7 @@ async fn verify_and_apply_deltas(
         })
         .buffered(DELTA_FETCHES);
     while let Some((delta_ref, fetched)) = fetches.next().await {
-        let (bytes, checksum) = fetched?;
+        let (bytes, checksum) = fetched.map_err(fetch_failed(snapshots, record, &delta_ref.key))?;
         let size = bytes.len() as u64;
         if size != delta_ref.size_bytes || checksum != delta_ref.checksum {
             return Err(adspend_common::Error::SnapshotCorrupt {
@@ -183,7 +233,8 @@ pub async fn open_or_restore(
     let key = &record.snapshot_key;
     let (size, checksum) = snapshots
         .download(key, &restore_dir.join(DATA_FILE))
-        .await?;
+        .await
+        .map_err(fetch_failed(snapshots, record, key))?;
     if size != record.size_bytes || checksum != record.checksum {
         return Err(adspend_common::Error::SnapshotCorrupt {
             key: format!("{}/{key}", snapshots.url()),

@@ -7,7 +7,8 @@
 //! ([`crate::cluster`]).
 //!
 //! [`run`] takes ownership (a new owner epoch), restores ([`crate::restore`]:
-//! warm from the local LMDB, or cold from the recorded snapshot), checks the
+//! warm from the local LMDB, or cold from the recorded snapshot;
+//! [`crate::missing`] if that snapshot is gone), checks the
 //! stream's bounds and starts four parts: [`crate::consume`] reads `SPEND`
 //! from the next sequence and feeds [`crate::apply`]'s writer thread; on a
 //! marker the writer asks [`crate::checkpointer`] for a snapshot, and after
@@ -25,10 +26,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::apply::{self, DedupeLimits};
+use crate::config::AcceptLoss;
 use crate::error::Error;
 use crate::fence::Validity;
 use crate::restore::{self, Start};
-use crate::{checkpointer, consume, delta, push};
+use crate::{checkpointer, consume, delta, missing, push};
 
 const INCOMING_QUEUE: usize = 512;
 
@@ -42,6 +44,8 @@ pub struct Settings {
     pub max_deltas: usize,
     pub lmdb_map_size: usize,
     pub stream_replicas: usize,
+    /// Shards the operator allowed to be rebuilt at a loss ([`missing`]).
+    pub accept_loss: AcceptLoss,
 }
 
 /// One shard to run.
@@ -124,20 +128,31 @@ pub async fn run(
 
     // Take ownership first: from here on, the previous owner cannot record.
     let epoch = records.acquire_epoch().await?;
-    let record = records.load().await?;
-    let (store, lineage, start) = restore::open_or_restore(
-        &data_dir.join("lmdb"),
-        &tmp_dir,
-        record.as_ref(),
-        &snapshots,
-        settings.lmdb_map_size,
-    )
-    .await?;
-    let store = Arc::new(store);
-    let (_, last_applied) = store.position()?;
-
     let js = async_nats::jetstream::new(client.clone());
     let mut stream = nats::ensure_spend(&js, settings.stream_replicas).await?;
+    let lmdb_dir = data_dir.join("lmdb");
+    let local = missing::Local {
+        shard: &shard,
+        lmdb_dir: &lmdb_dir,
+        tmp_dir: &tmp_dir,
+        map_size: settings.lmdb_map_size,
+        accept_loss: &settings.accept_loss,
+    };
+    // A recorded snapshot that is gone is waited on here, visibly, unless
+    // it has a safe way out (`missing`); a stop then ends the shard.
+    let Some(opened) =
+        missing::open(&local, &mut records, &snapshots, &mut stream, &stop.token).await?
+    else {
+        return Ok(());
+    };
+    let missing::Opened {
+        store,
+        lineage,
+        start,
+        record,
+    } = opened;
+    let store = Arc::new(store);
+    let (_, last_applied) = store.position()?;
     consume::check_bounds(&mut stream, last_applied).await?;
     tracing::info!(
         shard,

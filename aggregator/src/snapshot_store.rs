@@ -17,8 +17,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use adspend_common::env;
 use adspend_common::error::{Error, Result};
 
+mod bucket;
 mod local;
 
+pub use bucket::Created;
 use local::{copy_into_local, copy_local, write_local, LOCAL_PIECE};
 
 const CHUNK: usize = 8 * 1024 * 1024;
@@ -30,6 +32,8 @@ pub struct SnapshotStore {
     url: String,
     /// Root directory for `file://` stores, to fsync what was written.
     local_root: Option<PathBuf>,
+    /// The bucket of an `s3://` store, to create it again if it is lost.
+    bucket: Option<Arc<bucket::S3Bucket>>,
 }
 
 impl std::fmt::Debug for SnapshotStore {
@@ -49,6 +53,38 @@ impl Checksum {
     pub fn finish(&self) -> String {
         format!("xxh3-128:{:032x}", self.0.digest128())
     }
+}
+
+/// The `object_store` error inside one of ours, if that is what it is.
+fn object_store_error(error: &Error) -> Option<&object_store::Error> {
+    match error {
+        Error::ObjectStore { source, .. } => source.downcast_ref::<object_store::Error>(),
+        _ => None,
+    }
+}
+
+/// The store answered that the object is not there (S3: no such key, or
+/// no such bucket; `file://`: no such file), as opposed to not answering.
+pub fn is_not_found(error: &Error) -> bool {
+    matches!(
+        object_store_error(error),
+        Some(object_store::Error::NotFound { .. })
+    )
+}
+
+/// S3 answered that the bucket itself does not exist (a store that
+/// restarted empty, or a bucket deleted).
+pub fn is_bucket_missing(error: &Error) -> bool {
+    object_store_error(error).is_some_and(|e| {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+        while let Some(c) = cause {
+            if c.to_string().contains("NoSuchBucket") {
+                return true;
+            }
+            cause = c.source();
+        }
+        false
+    })
 }
 
 impl SnapshotStore {
@@ -75,6 +111,7 @@ impl SnapshotStore {
                 prefix: ObjectPath::default(),
                 url: url.to_string(),
                 local_root: Some(root),
+                bucket: None,
             });
         }
         if let Some(rest) = url.strip_prefix("s3://") {
@@ -82,15 +119,16 @@ impl SnapshotStore {
             if bucket.is_empty() {
                 return Err(bad("no bucket after s3://".into()));
             }
-            let store = object_store::aws::AmazonS3Builder::from_env()
-                .with_bucket_name(bucket)
-                .build()
-                .map_err(|e| bad(e.to_string()))?;
+            let builder = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+            let store = builder.clone().build().map_err(|e| bad(e.to_string()))?;
+            let bucket = bucket::S3Bucket::new(bucket, &builder, store.credentials().clone())
+                .map_err(bad)?;
             return Ok(SnapshotStore {
                 store: Arc::new(store),
                 prefix: ObjectPath::from(prefix.trim_matches('/')),
                 url: url.to_string(),
                 local_root: None,
+                bucket: Some(Arc::new(bucket)),
             });
         }
         Err(bad(
@@ -100,6 +138,21 @@ impl SnapshotStore {
 
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The S3 bucket, for an `s3://` store.
+    pub fn bucket(&self) -> Option<&str> {
+        self.bucket.as_deref().map(bucket::S3Bucket::name)
+    }
+
+    /// Create the `s3://` store's bucket again, after S3 answered that it
+    /// does not exist. `Ok(None)` for a `file://` store, whose directories
+    /// are created as objects are written.
+    pub async fn create_bucket(&self) -> std::result::Result<Option<Created>, String> {
+        match &self.bucket {
+            Some(bucket) => bucket.create().await.map(Some),
+            None => Ok(None),
+        }
     }
 
     fn path(&self, key: &str) -> ObjectPath {
