@@ -25,5 +25,6 @@ mod poison;
 mod recovery;
 mod restart;
 mod sim_selftest;
+mod snapshot_gone;
 mod sources;
 mod support;
