@@ -9,13 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use adspend_common::catalog::Catalog;
-use adspend_common::codec::encode_spend;
 use adspend_common::nats::spend_subject;
 use adspend_common::telemetry::{
     IMPRESSIONS_TOTAL, MARKERS_TOTAL, REDELIVERED_IMPRESSIONS_TOTAL, REJECTED_TOTAL,
     SPEND_MESSAGES_TOTAL, TUPLES_EMITTED_TOTAL,
 };
-use adspend_common::types::{CheckpointMarker, SpendMessage};
 use adspend_common::{failpoint, now_ms};
 use async_nats::jetstream::{self, consumer};
 use async_nats::HeaderMap;
@@ -226,20 +224,8 @@ impl Limiter {
     }
 
     pub async fn publish_markers(&mut self) {
-        let marker_id = now_ms() as u64;
-        let messages: Vec<OutMessage> = (0..self.partitions)
-            .map(|partition| OutMessage {
-                subject: spend_subject(partition),
-                headers: HeaderMap::new(),
-                payload: encode_spend(&SpendMessage::Marker(CheckpointMarker {
-                    marker_id,
-                    partition,
-                    emitted_ms: now_ms(),
-                }))
-                .into(),
-            })
-            .collect();
-        if let Publish::Done(_) = self.publisher.publish(&messages, false).await {
+        let markers = crate::publish::markers(self.partitions);
+        if let Publish::Done(_) = self.publisher.publish(&markers, false).await {
             metrics::counter!(MARKERS_TOTAL).increment(u64::from(self.partitions));
         }
     }

@@ -108,7 +108,7 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
     );
     let max_payload = client.server_info().max_payload;
     let mut limiter = Limiter {
-        publisher: Publisher::new(js, shutdown.clone()),
+        publisher: Publisher::new(js, config.partitions.partitions, shutdown.clone()),
         catalog,
         partitions: config.partitions.partitions,
         tuples_per_message: chunk::tuples_per_message(config.tuples_per_message, max_payload),

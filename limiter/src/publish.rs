@@ -5,7 +5,8 @@
 //! publishes (the client refuses more than it allows in flight, and a chunk
 //! of many rejected lines has thousands of dead letters), each window
 //! retried until JetStream acknowledges it. When a window still fails after
-//! [`TRIES_BEFORE_BLAME`] tries while NATS answers (its streams' info comes
+//! [`TRIES_BEFORE_BLAME`] tries while NATS answers (a checkpoint marker to
+//! every partition is stored in `SPEND`, and `DEADLETTER`'s info comes
 //! back), the output itself is at fault, not NATS: the caller is told so
 //! ([`Publish::Refused`]) and sets the input aside instead of retrying it
 //! forever. While NATS does not answer, it retries without end: that is an
@@ -13,6 +14,10 @@
 
 use std::time::Duration;
 
+use adspend_common::codec::encode_spend;
+use adspend_common::nats::{spend_subject, DEADLETTER_STREAM};
+use adspend_common::now_ms;
+use adspend_common::types::{CheckpointMarker, SpendMessage};
 use async_nats::jetstream::{self, context::PublishAckFuture};
 use async_nats::HeaderMap;
 use bytes::Bytes;
@@ -25,7 +30,7 @@ pub const WINDOW: usize = 256;
 pub const TRIES_BEFORE_BLAME: u32 = 5;
 /// Longest wait for one window to be acknowledged.
 const WINDOW_TIMEOUT: Duration = Duration::from_secs(15);
-/// Longest wait for the streams' info when asking whether NATS answers.
+/// Longest wait for the probe when asking whether NATS answers.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
@@ -46,23 +51,37 @@ pub enum Publish {
     Refused(String),
 }
 
+/// A checkpoint marker for every partition, all with one id: what the
+/// limiter injects every checkpoint interval.
+pub fn markers(partitions: u32) -> Vec<OutMessage> {
+    let marker_id = now_ms() as u64;
+    (0..partitions)
+        .map(|partition| OutMessage {
+            subject: spend_subject(partition),
+            headers: HeaderMap::new(),
+            payload: encode_spend(&SpendMessage::Marker(CheckpointMarker {
+                marker_id,
+                partition,
+                emitted_ms: now_ms(),
+            }))
+            .into(),
+        })
+        .collect()
+}
+
 #[derive(Clone)]
 pub struct Publisher {
     js: jetstream::Context,
     shutdown: CancellationToken,
-    /// The streams whose info tells that NATS answers.
-    probe_streams: &'static [&'static str],
+    partitions: u32,
 }
 
 impl Publisher {
-    pub fn new(js: jetstream::Context, shutdown: CancellationToken) -> Self {
+    pub fn new(js: jetstream::Context, partitions: u32, shutdown: CancellationToken) -> Self {
         Publisher {
             js,
             shutdown,
-            probe_streams: &[
-                adspend_common::nats::SPEND_STREAM,
-                adspend_common::nats::DEADLETTER_STREAM,
-            ],
+            partitions,
         }
     }
 
@@ -131,16 +150,14 @@ impl Publisher {
         Ok(seqs)
     }
 
-    /// Whether NATS answers for the streams the limiter writes: then a
-    /// publish that keeps failing is the output's fault.
+    /// Whether NATS takes what the limiter writes: a marker to every
+    /// partition is stored (an extra checkpoint is harmless), and
+    /// `DEADLETTER` answers. Then a publish that keeps failing is the
+    /// output's fault.
     async fn nats_answers(&self) -> bool {
         let probe = async {
-            for name in self.probe_streams {
-                if self.js.get_stream(*name).await.is_err() {
-                    return false;
-                }
-            }
-            true
+            self.try_window(&markers(self.partitions)).await.is_ok()
+                && self.js.get_stream(DEADLETTER_STREAM).await.is_ok()
         };
         tokio::time::timeout(PROBE_TIMEOUT, probe)
             .await
