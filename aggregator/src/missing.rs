@@ -196,6 +196,9 @@ pub async fn open(
                 continue;
             }
         };
+        // ERROR even on the automatic way out: the store lost data (it may
+        // not be durable), and until the rebuilt shard records its first
+        // checkpoint nothing restorable stands behind it.
         let (start_after, way) = match way_out(shard, &record, &state, local.accept_loss) {
             WayOut::Replay => {
                 tracing::error!(

@@ -137,3 +137,41 @@ impl S3Bucket {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use object_store::aws::AwsCredential;
+    use object_store::StaticCredentialProvider;
+
+    fn bucket(config: &[(AmazonS3ConfigKey, &str)]) -> S3Bucket {
+        let mut builder = AmazonS3Builder::new();
+        for (key, value) in config {
+            builder = builder.with_config(*key, *value);
+        }
+        let credentials = Arc::new(StaticCredentialProvider::new(AwsCredential {
+            key_id: "test".into(),
+            secret_key: "test".into(),
+            token: None,
+        }));
+        S3Bucket::new("snaps", &builder, credentials).unwrap()
+    }
+
+    #[test]
+    fn create_bucket_goes_where_the_store_goes() {
+        let endpoint = (AmazonS3ConfigKey::Endpoint, "http://127.0.0.1:9000/");
+        let path_style = bucket(&[endpoint]);
+        assert_eq!(path_style.url, "http://127.0.0.1:9000/snaps");
+        assert_eq!(path_style.region, "us-east-1");
+        let virtual_hosted = bucket(&[
+            (AmazonS3ConfigKey::Endpoint, "https://snaps.s3.example"),
+            (AmazonS3ConfigKey::VirtualHostedStyleRequest, "true"),
+        ]);
+        assert_eq!(virtual_hosted.url, "https://snaps.s3.example/");
+        let aws = bucket(&[(AmazonS3ConfigKey::Region, "eu-west-1")]);
+        assert_eq!(aws.url, "https://s3.eu-west-1.amazonaws.com/snaps");
+        assert_eq!(aws.region, "eu-west-1");
+    }
+}
