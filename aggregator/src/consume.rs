@@ -3,10 +3,12 @@
 //! whenever it fails. Before reading, the stream's bounds are checked against
 //! the restore point (DESIGN.md rule 4).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use adspend_common::codec::decode_spend;
 use adspend_common::nats::spend_subject;
+use adspend_common::now_ms;
 use adspend_common::telemetry::{SPEND_SET_ASIDE_TOTAL, STREAM_INTEGRITY_ERRORS_TOTAL};
 use async_nats::jetstream::consumer::{pull::OrderedConfig, DeliverPolicy};
 use async_nats::jetstream::stream::Stream;
@@ -14,10 +16,14 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::apply::Incoming;
+use crate::apply::{Dirty, Incoming};
 use crate::error::Error;
 
 const INTEGRITY_CHECK: Duration = Duration::from_secs(2);
+/// How long without a message before an idle, caught-up consumer says its
+/// sums are complete as of now (well within the pacer's smallest stale
+/// threshold, 2 s, with the pushes' 1 s heartbeat on top).
+const IDLE_CHECK: Duration = Duration::from_millis(250);
 /// No message for this long while the stream holds unread ones: recreate.
 const STALL: Duration = Duration::from_secs(2);
 /// How long a stream state below the applied sequence must last before the
@@ -88,6 +94,14 @@ pub struct Consumer {
     pub owned: Option<Vec<u32>>,
     pub next_seq: u64,
     pub tx: mpsc::Sender<Incoming>,
+    /// Told when the consumer is idle and caught up, so that the pushes'
+    /// watermark moves while no spend arrives ([`Dirty::caught_up`]).
+    pub dirty: Arc<Dirty>,
+    /// Messages the stream had behind the last one received (`u64::MAX`:
+    /// not known).
+    pub last_pending: u64,
+    /// The last sequence handed to the writer.
+    pub last_sent_seq: u64,
 }
 
 impl Consumer {
@@ -120,6 +134,10 @@ impl Consumer {
                 }
             }
             first = false;
+            // Caught up at (re)creation when the stream ends before us.
+            if let Ok((_, last)) = bounds(&mut self.stream).await {
+                self.last_pending = last.saturating_sub(self.next_seq - 1);
+            }
             let messages = match self.stream.create_consumer(self.config()).await {
                 Ok(consumer) => consumer.messages().await,
                 Err(e) => Err(async_nats::jetstream::consumer::StreamError::with_source(
@@ -141,10 +159,23 @@ impl Consumer {
             integrity.tick().await;
             let mut last_received = Instant::now();
             let mut last_gap_check: Option<Instant> = None;
+            // The stream had nothing behind the last message received (or
+            // nothing was received yet on a caught-up start), and the
+            // sequence of the last one handed to the writer.
+            let mut idle = tokio::time::interval(IDLE_CHECK);
             loop {
                 let next = tokio::select! {
                     _ = cancel.cancelled() => return Ok(()),
                     next = messages.next() => next,
+                    // Nothing arrives: if the last message read had nothing
+                    // behind it and the writer applied everything handed to
+                    // it, the sums are complete as of now.
+                    _ = idle.tick() => {
+                        if self.last_pending == 0 && last_received.elapsed() >= IDLE_CHECK {
+                            self.dirty.caught_up(self.last_sent_seq, now_ms());
+                        }
+                        continue;
+                    }
                     // The consumer recreates itself inside the client after a
                     // server restart; a stream that lost data then simply goes
                     // quiet. Look at its bounds now and then.
@@ -213,9 +244,11 @@ impl Consumer {
                     pending: info.pending,
                     message: decoded,
                 };
+                self.last_pending = incoming.pending;
                 if self.tx.send(incoming).await.is_err() {
                     return Ok(());
                 }
+                self.last_sent_seq = seq;
                 self.next_seq = seq + 1;
             }
             tokio::select! {

@@ -85,6 +85,17 @@ impl Dirty {
         )
     }
 
+    /// The consumer is idle and caught up through `seq`: once the writer
+    /// has applied that far, the sums are complete as of `now_ms`. A stuck
+    /// writer never gets there, so its watermark stops and the pacer sees
+    /// the shard fall behind.
+    pub fn caught_up(&self, seq: u64, now_ms: i64) {
+        let mut state = self.inner.lock().expect("dirty lock");
+        if state.seq >= seq {
+            state.watermark_ms = state.watermark_ms.max(now_ms);
+        }
+    }
+
     pub fn position(&self) -> (u64, i64) {
         let state = self.inner.lock().expect("dirty lock");
         (state.seq, state.watermark_ms)

@@ -231,6 +231,9 @@ pub async fn run(
         owned: partitions.clone(),
         next_seq: last_applied + 1,
         tx: incoming_tx,
+        dirty: dirty.clone(),
+        last_pending: u64::MAX,
+        last_sent_seq: last_applied,
     };
     {
         let (cancel, fail) = (cancel.clone(), fail.clone());

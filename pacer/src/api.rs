@@ -160,8 +160,7 @@ struct ShardView {
     lag_ms: i64,
     /// When the last push from the shard arrived (unix ms).
     updated_ms: i64,
-    /// No push (not even a heartbeat) for the stale threshold, or the
-    /// limiters' input waited that long.
+    /// No push (not even a heartbeat), or `lag_ms`, past the stale threshold.
     stale: bool,
 }
 
@@ -185,7 +184,8 @@ async fn list_shards(State(app): State<AppState>) -> Response {
             watermark: s.watermark_ms,
             lag_ms: spend.shard_staleness_ms(s, now_ms),
             updated_ms: s.updated_ms,
-            stale: spend.shard_stale(s, now_ms) || spend.input_stale(),
+            stale: spend.shard_stale(s, now_ms)
+                || spend.shard_staleness_ms(s, now_ms) > spend.stale_after_ms,
         })
         .collect();
     shards.sort_by(|a, b| a.shard.cmp(&b.shard));

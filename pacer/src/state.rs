@@ -329,14 +329,15 @@ impl SpendState {
     }
 
     /// Whether a limit's sums may be out of date by more than the lag guard
-    /// can account for: input waited at the limiters for `stale_after_ms`
-    /// (then the aggregators look caught up, but spend is not reaching
-    /// them), or its shard is silent. A limit with no spend yet could get
+    /// can account for: spend for it stopped flowing for `stale_after_ms`
+    /// somewhere on its way (input waiting at the limiters, while the
+    /// aggregators look caught up; its shard behind, its watermark stopped
+    /// though it pushes), or its shard is silent. A limit with no spend yet could get
     /// it from any shard (as its watermark is the oldest of all), so it is
     /// stale when any shard is, or when none has pushed since the pacer
     /// started listening `stale_after_ms` ago.
     pub fn limit_stale(&self, limit: Option<&LimitSums>, now_ms: i64) -> bool {
-        if self.input_stale() {
+        if self.staleness_ms(limit, now_ms) > self.stale_after_ms {
             return true;
         }
         let shard = limit
@@ -524,7 +525,12 @@ mod tests {
             heartbeat.watermark_ms = 5_000;
             assert_eq!(state.apply(&heartbeat, at), Applied::Ok);
         }
-        assert_eq!(state.staleness_ms(Some(&a), 6_500), 1_500);
+        assert_eq!(state.staleness_ms(Some(&a), 6_000), 1_000);
+        assert!(!state.limit_stale(Some(&a), 6_000));
+        assert!(
+            state.limit_stale(Some(&a), 6_001),
+            "no progress for the threshold"
+        );
         assert!(
             !state.shard_stale(&state.shards["all"], 6_500),
             "it does push"

@@ -96,7 +96,13 @@ async fn a_stuck_limiter_makes_every_limit_stale_though_aggregators_look_caught_
                 .iter()
                 .any(|(_, stale, lag)| !*stale || *lag <= STALE_AFTER_MS)
             {
-                bail!("not every limit stale with its lag past the threshold: {limits:?}");
+                let sources = http
+                    .get(format!("{url}/v1/sources"))
+                    .send()
+                    .await?
+                    .text()
+                    .await?;
+                bail!("not every limit stale with its lag past the threshold: {limits:?}; sources {sources}");
             }
             Ok(limits)
         },
@@ -142,4 +148,85 @@ async fn a_stuck_limiter_makes_every_limit_stale_though_aggregators_look_caught_
     .await
     .expect("fresh again once the limiter goes on");
     assert!(!decision(&http, &url, &ad).await.unwrap().1, "not stale");
+}
+
+/// A partition whose owner is alive and pushing heartbeats but applies
+/// nothing (its writer stuck in a commit, by a failure point that stalls
+/// it) is a partition with no progress: its watermark stops, so its limits
+/// turn stale with their lag growing from now, though the shard pushes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_that_pushes_but_applies_nothing_turns_its_limits_stale() {
+    let mut p = Pipeline::start(Backends::default(), 20).await;
+    let stale_after = STALE_AFTER_MS.to_string();
+    p.aggregator = Some(p.spawn("aggregator"));
+    p.limiter = Some(p.spawn("limiter"));
+    p.pacer = Some(p.spawn_with(
+        "pacer",
+        adspend_tests::harness::free_port(),
+        &[("ADSPEND_PACER_STALE_AFTER_MS", stale_after.as_str())],
+    ));
+    p.wait_pacer().await;
+    let http = reqwest::Client::new();
+    let url = p.pacer_url();
+    let mut truth = p.publish(&sim_config(1_000, 83)).await;
+    assert_exact(&p.settle(&truth, Duration::from_secs(60)).await, &truth);
+
+    // The same aggregator again, its first commit stalled for 12 s.
+    p.aggregator.as_mut().unwrap().kill();
+    p.aggregator = Some(p.spawn_with(
+        "aggregator",
+        adspend_tests::harness::free_port(),
+        &[("ADSPEND_FAILPOINTS", "aggregator.before_commit@1~12000")],
+    ));
+    truth.absorb(&p.publish(&sim_config(300, 84)).await);
+    wait_until_ok(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async {
+            let limits = freshness(&http, &url).await?;
+            if limits
+                .iter()
+                .any(|(_, stale, lag)| !*stale || *lag <= STALE_AFTER_MS)
+            {
+                bail!("not every limit stale: {limits:?}");
+            }
+            let shards: Value = http
+                .get(format!("{url}/v1/shards"))
+                .send()
+                .await?
+                .json()
+                .await?;
+            let now = adspend_common::now_ms();
+            for shard in shards["shards"].as_array().context("shards")? {
+                let updated = shard["updated_ms"].as_i64().context("updated_ms")?;
+                if now - updated > STALE_AFTER_MS {
+                    bail!("the shard must still be pushing: {shard}");
+                }
+            }
+            Ok(())
+        },
+    )
+    .await
+    .expect("stale while the owner pushes but applies nothing");
+    let aggregator = p.aggregator.as_mut().unwrap();
+    assert!(
+        aggregator
+            .log_tail(200)
+            .contains("FAILPOINT STALLED: aggregator.before_commit"),
+        "the stall fired"
+    );
+    assert_exact(&p.settle(&truth, Duration::from_secs(60)).await, &truth);
+    wait_until_ok(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async {
+            let limits = freshness(&http, &url).await?;
+            if limits.iter().any(|(_, stale, _)| *stale) {
+                bail!("still stale: {limits:?}");
+            }
+            Ok(())
+        },
+    )
+    .await
+    .expect("fresh once it applies again");
 }
