@@ -511,9 +511,12 @@ async fn a_gone_snapshot_the_stream_cannot_replace_waits_visibly_until_the_loss_
     assert!(member.is_running());
     eprintln!(
         "snapshot_gone::accept_loss: p1 waited through {attempts} attempts in about 15 s; \
-         rebuilt from sequence {} (the first run's {} events lost on p1's limits)",
+         rebuilt from sequence {} (the first run's spend on p1's limits, {} micros, lost)",
         lost_through + 1,
-        first.stats.events_acked
+        all.limits
+            .iter()
+            .map(|(limit, t)| t.lifetime_micros - expected.limits[limit].lifetime_micros)
+            .sum::<u64>()
     );
     report("waits_until_the_loss_is_accepted", started);
 }
