@@ -84,6 +84,33 @@ async fn a_stuck_limiter_makes_every_limit_stale_though_aggregators_look_caught_
     .expect("fresh while the limiter runs");
     assert_eq!(decision(&http, &url, &ad).await.unwrap(), (true, false));
 
+    // The pacer hears the limiter's reports (what tells it about input).
+    wait_until_ok(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async {
+            let sources: Value = http
+                .get(format!("{url}/v1/sources"))
+                .send()
+                .await?
+                .json()
+                .await?;
+            let limiters = sources["limiters"].as_array().context("limiters")?;
+            if limiters.is_empty() || limiters.iter().any(|l| l["stale"] != false) {
+                bail!("no fresh limiter report: {sources}");
+            }
+            Ok(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "the pacer hears the limiter: {e:#}\n{}\n{}",
+            p.pacer.as_ref().unwrap().log_tail(40),
+            p.limiter.as_ref().unwrap().log_tail(20)
+        )
+    });
+
     // The limiter stops; ad servers go on publishing.
     p.limiter.as_mut().unwrap().pause().expect("SIGSTOP");
     truth.absorb(&p.publish(&sim_config(500, 82)).await);
@@ -108,7 +135,13 @@ async fn a_stuck_limiter_makes_every_limit_stale_though_aggregators_look_caught_
         },
     )
     .await
-    .expect("every limit stale while the limiter is stuck");
+    .unwrap_or_else(|e| {
+        panic!(
+            "every limit stale while the limiter is stuck: {e:#}\n{}\n{}",
+            p.pacer.as_ref().unwrap().log_tail(40),
+            p.limiter.as_ref().unwrap().log_tail(20)
+        )
+    });
     assert_eq!(limits.len(), p.catalog.limits.len());
     assert_eq!(
         decision(&http, &url, &ad).await.unwrap(),
