@@ -11,7 +11,7 @@ use adspend_tests::harness::{free_port, wait_until};
 
 use crate::support::{assert_exact, sim_config, Pipeline};
 
-use super::snapshots::refuse_lost_then_corrupt;
+use super::snapshots::refuse_corrupt;
 use super::{
     current_record, etcd_record, log_field, log_since, merged, report, running_line,
     spawn_aggregator, wait_record, wipe_lmdb, ETCD_S3, SETTLE, START,
@@ -72,7 +72,7 @@ async fn cold_restore_applies_every_delta_and_refuses_a_damaged_one_by_name() {
         .unwrap()
         .clone();
     let key = format!("snapshots/{}", delta.key);
-    let (_, start, last_applied) = refuse_lost_then_corrupt(
+    let (_, start, last_applied) = refuse_corrupt(
         &p,
         &mut aggregator,
         &record,

@@ -33,17 +33,12 @@ use adspend_tests::sim::Truth;
 use anyhow::Context;
 use async_nats::jetstream;
 
-use crate::support::{metric, Backends, Pipeline, BUCKET};
+use crate::support::{metric, Backends, Pipeline};
 
 const RECORD_KEY: &str = "/adspend/shards/all/checkpoint";
 const SETTLE: Duration = Duration::from_secs(45);
 const START: Duration = Duration::from_secs(30);
 const LAST_APPLIED: &str = "adspend_aggregator_last_applied_seq{shard=\"all\"}";
-/// moto parses but never checks SigV4; a well-formed header is enough.
-const DUMMY_SIGV4: &str = "AWS4-HMAC-SHA256 \
-    Credential=test/20240101/us-east-1/s3/aws4_request, \
-    SignedHeaders=host, Signature=0000";
-
 const ETCD_S3: Backends = Backends {
     etcd: true,
     s3: true,
@@ -196,24 +191,6 @@ fn checksum(bytes: &[u8]) -> String {
 
 fn snapshot_object(record: &CheckpointRecord) -> String {
     format!("snapshots/{}", record.snapshot_key)
-}
-
-async fn delete_object(p: &Pipeline, key: &str) -> anyhow::Result<()> {
-    let s3 = p.s3.as_ref().context("the pipeline has no S3")?;
-    let url = format!("{}/{BUCKET}/{key}", s3.endpoint());
-    let response = reqwest::Client::builder()
-        .no_proxy()
-        .build()?
-        .delete(&url)
-        .header(reqwest::header::AUTHORIZATION, DUMMY_SIGV4)
-        .send()
-        .await?;
-    anyhow::ensure!(
-        response.status().is_success(),
-        "DELETE {url}: {}",
-        response.status()
-    );
-    Ok(())
 }
 
 /// The aggregator's LMDB read directly while it is stopped: (lineage, last
