@@ -2,7 +2,8 @@
 //!
 //! Routes by scope ([`crate::auth`]): the read endpoints and the decisions
 //! endpoint behind their token checks, the dashboard page, `/healthz` and
-//! `/metrics` open. Every error is JSON ([`crate::reply`]).
+//! `/metrics` open, and the OpenAPI document of all of them
+//! ([`crate::openapi`]). Every error is JSON ([`crate::reply`]).
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
@@ -36,21 +37,59 @@ pub struct AppState {
     pub max_decision_ids: usize,
 }
 
+/// One route: method (as the OpenAPI document spells it), path, handler.
+/// The router is built from these tables and `crate::openapi`'s test checks
+/// the document against them, so a route cannot be added to one alone.
+pub(crate) type Route<S> = (&'static str, &'static str, MethodRouter<S>);
+
+/// Behind the read scope.
+pub(crate) fn read_routes() -> [Route<AppState>; 5] {
+    [
+        ("get", "/v1/limits", get(list_limits)),
+        ("get", "/v1/limits/{limit_id}", get(get_limit)),
+        ("get", "/v1/limits/{limit_id}/history", get(get_history)),
+        ("get", "/v1/shards", get(list_shards)),
+        ("get", "/v1/sources", get(list_sources)),
+    ]
+}
+
+/// Behind the decide scope.
+pub(crate) fn decide_routes() -> [Route<AppState>; 1] {
+    [("post", "/v1/decisions", post(crate::decisions::decisions))]
+}
+
+/// Never behind a token on the API port.
+pub(crate) fn open_routes() -> [Route<AppState>; 3] {
+    [
+        ("get", "/", get(dashboard)),
+        ("get", "/dashboard/sources.js", get(dashboard_sources)),
+        ("get", "/v1/openapi.json", get(crate::openapi::document)),
+    ]
+}
+
+/// On both ports, never behind a token.
+pub(crate) fn ops_route_table<S: Clone + Send + Sync + 'static>() -> [Route<S>; 2] {
+    [
+        ("get", "/healthz", get(|| async { "ok" })),
+        ("get", "/metrics", get(metrics)),
+    ]
+}
+
+fn routed<S: Clone + Send + Sync + 'static>(
+    routes: impl IntoIterator<Item = Route<S>>,
+) -> Router<S> {
+    routes
+        .into_iter()
+        .fold(Router::new(), |router, (_, path, handler)| {
+            router.route(path, handler)
+        })
+}
+
 /// The API port: everything.
 pub fn router(state: AppState, auth: Auth) -> Router {
-    let read = Router::new()
-        .route("/v1/limits", get(list_limits))
-        .route("/v1/limits/{limit_id}", get(get_limit))
-        .route("/v1/limits/{limit_id}/history", get(get_history))
-        .route("/v1/shards", get(list_shards))
-        .route("/v1/sources", get(list_sources))
-        .route_layer(from_fn_with_state(auth.clone(), require_read));
-    let decide = Router::new()
-        .route("/v1/decisions", post(crate::decisions::decisions))
-        .route_layer(from_fn_with_state(auth, require_decide));
-    let open = Router::new()
-        .route("/", get(dashboard))
-        .route("/dashboard/sources.js", get(dashboard_sources));
+    let read = routed(read_routes()).route_layer(from_fn_with_state(auth.clone(), require_read));
+    let decide = routed(decide_routes()).route_layer(from_fn_with_state(auth, require_decide));
+    let open = routed(open_routes());
     finish(open.merge(read).merge(decide).merge(ops_routes())).with_state(state)
 }
 
@@ -61,9 +100,7 @@ pub fn ops_router() -> Router {
 }
 
 fn ops_routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/metrics", get(metrics))
+    routed(ops_route_table())
 }
 
 /// JSON 404 and 405, JSON for any other error, and the body limit.

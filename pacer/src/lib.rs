@@ -17,6 +17,7 @@ pub mod controller;
 mod decisions;
 pub mod error;
 pub mod ingest;
+mod openapi;
 pub mod pacing;
 pub mod reply;
 pub mod serve;
