@@ -52,6 +52,8 @@ pip_pkgs=()
 "$tools/venv/bin/python" -c 'import bcrypt' 2>/dev/null || pip_pkgs+=(bcrypt)
 if [ "$mode" != run ] && [ "$mode" != cluster ]; then
   [ -x "$tools/venv/bin/moto_server" ] || pip_pkgs+=("moto[server]")
+  # The OpenAPI conformance test (tests/integration/openapi.rs).
+  [ -x "$tools/venv/bin/schemathesis" ] || pip_pkgs+=(schemathesis)
 fi
 if [ ${#pip_pkgs[@]} -gt 0 ]; then
   echo "install-deps: pip install ${pip_pkgs[*]}"

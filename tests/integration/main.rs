@@ -18,6 +18,7 @@ mod harness_selftest;
 mod limiter_stall;
 mod membership;
 mod nats_auth;
+mod openapi;
 mod pacer_api;
 mod pacer_bounds;
 mod pipeline;
