@@ -27,7 +27,7 @@ fn schemathesis() -> PathBuf {
 }
 
 /// One bounded, reproducible run; its summary printed, its exit asserted.
-fn run(url: &str, token: Option<&str>) {
+fn run(url: &str, token: Option<&str>, dir: &std::path::Path) {
     let mut command = Command::new(schemathesis());
     command.args([
         "run",
@@ -56,6 +56,8 @@ fn run(url: &str, token: Option<&str>) {
     }
     let output = command
         .env("SCHEMATHESIS_HOOKS", "")
+        // Its example database and reports go there, not into the repo.
+        .current_dir(dir)
         .output()
         .expect("run schemathesis");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -140,11 +142,12 @@ async fn pacer_conforms_to_its_openapi_document() {
     )
     .await
     .expect("the published spend reached the pacer");
+    let dir = p.dir.path().to_path_buf();
     tokio::task::spawn_blocking(move || {
-        run(&open, None);
-        run(&guarded, None);
-        run(&guarded, Some(READ));
-        run(&guarded, Some(DECIDE));
+        run(&open, None, &dir);
+        run(&guarded, None, &dir);
+        run(&guarded, Some(READ), &dir);
+        run(&guarded, Some(DECIDE), &dir);
     })
     .await
     .expect("schemathesis runs");
