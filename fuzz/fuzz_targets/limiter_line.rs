@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 use adspend_common::catalog::Catalog;
 use adspend_common::codec::decode_spend;
 use adspend_common::types::{MsgId, SpendMessage, MAX_ID_LEN};
+use adspend_limiter::dead_letter;
 use adspend_limiter::emit::{Input, Output};
 use adspend_limiter::validate::{parse_line, Impression, Rejection};
 use libfuzzer_sys::fuzz_target;
@@ -192,15 +193,21 @@ fuzz_target!(|data: &[u8]| {
         },
         catalog(),
     );
+    let rejected = out.rejected.iter().map(|(_, n)| *n).sum::<u64>();
     assert_eq!(
-        out.impressions + out.dead_letters.len() as u64,
+        out.impressions + rejected,
         lines,
-        "every non-blank line is counted or dead lettered"
+        "every non-blank line is counted or rejected"
     );
-    assert_eq!(
-        out.rejected.iter().map(|(_, n)| *n).sum::<u64>(),
-        out.dead_letters.len() as u64
-    );
+    // One letter per rejected line up to the cap, the rest in one summary.
+    let per_message = u64::from(dead_letter::PER_MESSAGE);
+    let letters = rejected.min(per_message) + u64::from(rejected > per_message);
+    assert_eq!(out.dead_letters.len() as u64, letters, "dead letters");
+    for letter in &out.dead_letters {
+        let json = serde_json::to_vec(letter).expect("a dead letter serializes");
+        assert!(json.len() < 40_000, "a dead letter of {} bytes", json.len());
+        assert!(letter.line.len() <= dead_letter::LINE_BYTES);
+    }
     assert_eq!(out.tuples(), expected_tuples);
     for partition in &out.partitions {
         let mut expected: Vec<(String, u32, u64, MsgId)> = Vec::new();

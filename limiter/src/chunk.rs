@@ -42,7 +42,9 @@ pub(crate) struct Limiter {
     pub tuples_per_message: usize,
     pub max_cost_micros: u64,
     pub downstream: Downstream,
-    /// The server's max payload (bytes): no message we make is larger.
+    /// The server's max payload (bytes): the failure point that makes an
+    /// output NATS refuses goes one past it.
+    #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
     pub max_payload: usize,
 }
 
