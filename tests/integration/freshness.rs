@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use adspend_tests::harness::wait_until_ok;
+use adspend_tests::sim::Truth;
 use anyhow::{bail, Context};
 use serde_json::Value;
 
@@ -52,8 +53,9 @@ async fn decision(http: &reqwest::Client, url: &str, ad: &str) -> anyhow::Result
     ))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stuck_limiter_makes_every_limit_stale_though_aggregators_look_caught_up() {
+/// All three services, the pacer at the smallest stale threshold, and
+/// spend published and settled exactly (simulator seed `seed`).
+async fn start(seed: u64) -> (Pipeline, Truth) {
     let mut p = Pipeline::start(Backends::default(), 20).await;
     let stale_after = STALE_AFTER_MS.to_string();
     p.aggregator = Some(p.spawn("aggregator"));
@@ -64,10 +66,16 @@ async fn a_stuck_limiter_makes_every_limit_stale_though_aggregators_look_caught_
         &[("ADSPEND_PACER_STALE_AFTER_MS", stale_after.as_str())],
     ));
     p.wait_pacer().await;
+    let truth = p.publish(&sim_config(1_000, seed)).await;
+    assert_exact(&p.settle(&truth, Duration::from_secs(60)).await, &truth);
+    (p, truth)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_limiter_makes_every_limit_stale_though_aggregators_look_caught_up() {
+    let (mut p, mut truth) = start(81).await;
     let http = reqwest::Client::new();
     let url = p.pacer_url();
-    let mut truth = p.publish(&sim_config(1_000, 81)).await;
-    assert_exact(&p.settle(&truth, Duration::from_secs(60)).await, &truth);
     let ad = p.catalog.ads.keys().next().expect("an ad").clone();
     wait_until_ok(
         Duration::from_secs(20),
@@ -189,20 +197,9 @@ async fn a_stuck_limiter_makes_every_limit_stale_though_aggregators_look_caught_
 /// turn stale with their lag growing from now, though the shard pushes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_that_pushes_but_applies_nothing_turns_its_limits_stale() {
-    let mut p = Pipeline::start(Backends::default(), 20).await;
-    let stale_after = STALE_AFTER_MS.to_string();
-    p.aggregator = Some(p.spawn("aggregator"));
-    p.limiter = Some(p.spawn("limiter"));
-    p.pacer = Some(p.spawn_with(
-        "pacer",
-        adspend_tests::harness::free_port(),
-        &[("ADSPEND_PACER_STALE_AFTER_MS", stale_after.as_str())],
-    ));
-    p.wait_pacer().await;
+    let (mut p, mut truth) = start(83).await;
     let http = reqwest::Client::new();
     let url = p.pacer_url();
-    let mut truth = p.publish(&sim_config(1_000, 83)).await;
-    assert_exact(&p.settle(&truth, Duration::from_secs(60)).await, &truth);
 
     // The same aggregator again, its first commit stalled for 12 s.
     p.aggregator.as_mut().unwrap().kill();

@@ -6,47 +6,12 @@
 use std::time::{Duration, Instant};
 
 use adspend_tests::harness::free_port;
-use async_nats::jetstream::{self, consumer::pull::OrderedConfig};
+use async_nats::jetstream;
 use futures::StreamExt;
 use rand::{Rng, SeedableRng};
 
+use crate::poison::{dead_letters, publish_raw};
 use crate::support::{assert_exact, metric, sim_config, Backends, Pipeline};
-
-/// Publish raw bytes on `subject` (the stream must exist); returns the
-/// stream sequence.
-async fn publish_raw(p: &Pipeline, subject: &str, payload: Vec<u8>) -> u64 {
-    let js = jetstream::new(p.client().await);
-    js.publish(subject.to_string(), payload.into())
-        .await
-        .expect("publish")
-        .await
-        .expect("acknowledged")
-        .sequence
-}
-
-/// Every message on `subject` in `DEADLETTER` once `expected` are there.
-async fn letters(p: &Pipeline, subject: &str, expected: usize) -> Vec<serde_json::Value> {
-    let js = jetstream::new(p.client().await);
-    let stream = js.get_stream("DEADLETTER").await.expect("DEADLETTER");
-    let consumer = stream
-        .create_consumer(OrderedConfig {
-            filter_subject: subject.into(),
-            ..Default::default()
-        })
-        .await
-        .expect("consumer");
-    let mut messages = consumer.messages().await.expect("messages");
-    let mut letters = Vec::new();
-    while letters.len() < expected {
-        let message = tokio::time::timeout(Duration::from_secs(20), messages.next())
-            .await
-            .unwrap_or_else(|_| panic!("only {} letters on {subject}", letters.len()))
-            .expect("stream ended")
-            .expect("message");
-        letters.push(serde_json::from_slice(&message.payload).expect("JSON"));
-    }
-    letters
-}
 
 /// The limiter's durable consumers hold nothing unacknowledged or pending;
 /// otherwise what they hold, per consumer.
@@ -103,7 +68,7 @@ async fn a_message_of_5100_bad_lines_does_not_stop_the_limiter() {
         "every line counted"
     );
     let per_message = adspend_limiter::dead_letter::PER_MESSAGE as usize;
-    let all = letters(&p, "deadletter.>", per_message + 1).await;
+    let all = dead_letters(&p, "deadletter.>", per_message + 1).await;
     assert!(all.iter().all(|l| l["stream_seq"].as_u64() == Some(seq)));
     let reasons: Vec<&str> = all.iter().map(|l| l["reason"].as_str().unwrap()).collect();
     let summary = all.last().unwrap();
@@ -134,7 +99,7 @@ async fn a_line_whose_escaped_dead_letter_passes_the_max_payload_is_cut() {
     let seq = publish_raw(&p, "impressions.attacker", line.clone()).await;
     let truth = p.publish(&sim_config(3_000, 72)).await;
     assert_exact(&p.settle(&truth, Duration::from_secs(60)).await, &truth);
-    let letter = &letters(&p, "deadletter.invalid_json", 1).await[0];
+    let letter = &dead_letters(&p, "deadletter.invalid_json", 1).await[0];
     assert_eq!(letter["stream_seq"].as_u64(), Some(seq));
     assert_eq!(letter["truncated"], true);
     assert_eq!(letter["line_bytes"].as_u64(), Some(1_400_000));
@@ -173,7 +138,7 @@ async fn input_whose_output_nats_refuses_is_set_aside_and_the_rest_goes_on() {
     p.wait_pacer().await;
     truth.absorb(&p.publish(&sim_config(2_000, 74)).await);
     assert_exact(&p.settle(&truth, Duration::from_secs(90)).await, &truth);
-    let record = &letters(&p, "deadletter.set_aside", 1).await[0];
+    let record = &dead_letters(&p, "deadletter.set_aside", 1).await[0];
     assert_eq!(record["stream_seq"].as_u64(), Some(poisoned));
     assert_eq!(record["subject"], "impressions.poisoned");
     assert_eq!(record["payload_bytes"].as_u64(), Some(15));

@@ -15,8 +15,9 @@ use crate::support::{assert_exact, metric, sim_config, Backends, Pipeline};
 
 const SET_ASIDE: &str = "adspend_aggregator_spend_set_aside_total{reason=\"undecodable\"}";
 
-/// Publish raw bytes on a `SPEND` subject; returns the stream sequence.
-async fn publish_raw(p: &Pipeline, subject: &str, payload: Vec<u8>) -> u64 {
+/// Publish raw bytes on `subject` (its stream must exist); returns the
+/// stream sequence.
+pub(crate) async fn publish_raw(p: &Pipeline, subject: &str, payload: Vec<u8>) -> u64 {
     let js = jetstream::new(p.client().await);
     js.publish(subject.to_string(), payload.into())
         .await
@@ -67,7 +68,11 @@ async fn spend_dead_letters(p: &Pipeline, expected: usize) -> Vec<(String, u64)>
 }
 
 /// The first `expected` dead letters on `subject`.
-async fn dead_letters(p: &Pipeline, subject: &str, expected: usize) -> Vec<serde_json::Value> {
+pub(crate) async fn dead_letters(
+    p: &Pipeline,
+    subject: &str,
+    expected: usize,
+) -> Vec<serde_json::Value> {
     let js = jetstream::new(p.client().await);
     let stream = js.get_stream("DEADLETTER").await.expect("DEADLETTER");
     let consumer = stream
