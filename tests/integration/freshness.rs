@@ -37,6 +37,22 @@ async fn freshness(http: &reqwest::Client, url: &str) -> anyhow::Result<Vec<(Str
         .collect())
 }
 
+/// Waits (20 s at most) until no limit is stale.
+async fn all_fresh(http: &reqwest::Client, url: &str) -> anyhow::Result<()> {
+    wait_until_ok(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async {
+            let limits = freshness(http, url).await?;
+            if limits.iter().any(|(_, stale, _)| *stale) {
+                bail!("stale: {limits:?}");
+            }
+            Ok(())
+        },
+    )
+    .await
+}
+
 /// The decision for `ad`: (servable, marked stale).
 async fn decision(http: &reqwest::Client, url: &str, ad: &str) -> anyhow::Result<(bool, bool)> {
     let answer: Value = http
@@ -77,19 +93,9 @@ async fn a_stuck_limiter_makes_every_limit_stale_though_aggregators_look_caught_
     let http = reqwest::Client::new();
     let url = p.pacer_url();
     let ad = p.catalog.ads.keys().next().expect("an ad").clone();
-    wait_until_ok(
-        Duration::from_secs(20),
-        Duration::from_millis(200),
-        || async {
-            let limits = freshness(&http, &url).await?;
-            if limits.iter().any(|(_, stale, _)| *stale) {
-                bail!("stale while everything flows: {limits:?}");
-            }
-            Ok(())
-        },
-    )
-    .await
-    .expect("fresh while the limiter runs");
+    all_fresh(&http, &url)
+        .await
+        .expect("fresh while the limiter runs");
     assert_eq!(decision(&http, &url, &ad).await.unwrap(), (true, false));
 
     // The pacer hears the limiter's reports (what tells it about input).
@@ -175,19 +181,9 @@ async fn a_stuck_limiter_makes_every_limit_stale_though_aggregators_look_caught_
     // It goes on: fresh and exact again.
     p.limiter.as_mut().unwrap().resume().expect("SIGCONT");
     assert_exact(&p.settle(&truth, Duration::from_secs(60)).await, &truth);
-    wait_until_ok(
-        Duration::from_secs(20),
-        Duration::from_millis(200),
-        || async {
-            let limits = freshness(&http, &url).await?;
-            if limits.iter().any(|(_, stale, _)| *stale) {
-                bail!("still stale: {limits:?}");
-            }
-            Ok(())
-        },
-    )
-    .await
-    .expect("fresh again once the limiter goes on");
+    all_fresh(&http, &url)
+        .await
+        .expect("fresh again once the limiter goes on");
     assert!(!decision(&http, &url, &ad).await.unwrap().1, "not stale");
 }
 
@@ -246,17 +242,7 @@ async fn an_owner_that_pushes_but_applies_nothing_turns_its_limits_stale() {
         "the stall fired"
     );
     assert_exact(&p.settle(&truth, Duration::from_secs(60)).await, &truth);
-    wait_until_ok(
-        Duration::from_secs(20),
-        Duration::from_millis(200),
-        || async {
-            let limits = freshness(&http, &url).await?;
-            if limits.iter().any(|(_, stale, _)| *stale) {
-                bail!("still stale: {limits:?}");
-            }
-            Ok(())
-        },
-    )
-    .await
-    .expect("fresh once it applies again");
+    all_fresh(&http, &url)
+        .await
+        .expect("fresh once it applies again");
 }

@@ -15,7 +15,6 @@
 //!   find their chain gone, then record a new base by themselves, which a
 //!   cold restore uses.
 
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -25,6 +24,7 @@ use adspend_tests::limiter_progress::limiter_backlog;
 use adspend_tests::sim::Truth;
 use async_nats::jetstream;
 
+use crate::recovery::{log_len, log_since};
 use crate::support::{assert_exact, metric, sim_config, try_metric, Backends, Pipeline, BUCKET};
 
 const ETCD_S3: Backends = Backends {
@@ -55,21 +55,6 @@ async fn series(port: u16, name: &str, labels: &[(&str, &str)]) -> f64 {
         })
         .and_then(|line| line.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0.0)
-}
-
-fn log_len(process: &ServiceProcess) -> u64 {
-    std::fs::metadata(process.log_path())
-        .map(|m| m.len())
-        .unwrap_or(0)
-}
-
-/// What `process` logged since `offset` (its current run, after a restart).
-fn log_since(process: &ServiceProcess, offset: u64) -> String {
-    let mut file = std::fs::File::open(process.log_path()).expect("open the log");
-    file.seek(SeekFrom::Start(offset)).expect("seek the log");
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes).expect("read the log");
-    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// Field `name` of the first line of `log` holding `message` and `with`.

@@ -68,14 +68,14 @@ fn spawn_aggregator(
 }
 
 /// Where the next run of `process` starts writing its log.
-fn log_len(process: &ServiceProcess) -> u64 {
+pub(crate) fn log_len(process: &ServiceProcess) -> u64 {
     std::fs::metadata(process.log_path())
         .map(|m| m.len())
         .unwrap_or(0)
 }
 
 /// The log written since `offset`.
-fn log_since(process: &ServiceProcess, offset: u64) -> String {
+pub(crate) fn log_since(process: &ServiceProcess, offset: u64) -> String {
     let mut file = std::fs::File::open(process.log_path()).expect("open service log");
     file.seek(SeekFrom::Start(offset))
         .expect("seek service log");
