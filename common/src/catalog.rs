@@ -1,8 +1,8 @@
 //! The catalog: which budget limits each ad spends against, and the budgets.
 //!
 //! Parsing validates everything up front (ids, references, cycles, time
-//! zones, and the shape bounds [`MAX_PARENT_DEPTH`] and
-//! [`MAX_LIMITS_ABOVE_AD`]) so the services never meet a half-valid
+//! zones, budget alert thresholds ([`alerts`]), and the shape bounds
+//! [`MAX_PARENT_DEPTH`] and [`MAX_LIMITS_ABOVE_AD`]) so the services never meet a half-valid
 //! catalog, and works out each limit's ancestors once, so that a decision
 //! costs what its ad's limits cost rather than a walk through the catalog.
 //! Period arithmetic lives here too, because the limiter books spend to a
@@ -55,6 +55,9 @@ struct RawLimit {
     time_zone: Option<String>,
     #[serde(default)]
     parent: Option<String>,
+    /// Budget alert thresholds, percent of the budget ([`alerts`]).
+    #[serde(default)]
+    alerts: Option<Vec<u32>>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -71,6 +74,9 @@ pub struct Limit {
     pub period: Period,
     pub time_zone: Tz,
     pub parent: Option<Arc<str>>,
+    /// Budget alert thresholds in percent of the budget, ascending, each
+    /// 1..=[`alerts::MAX_THRESHOLD_PERCENT`]; empty for none.
+    pub alerts: Box<[u16]>,
 }
 
 /// Start and end of a budget period.
@@ -196,6 +202,8 @@ pub struct Catalog {
     ancestors: Ancestors,
     /// The limits in id order (pages of `GET /v1/limits` are slices of it).
     in_order: Box<[Arc<Limit>]>,
+    /// The limits with budget alerts, in id order.
+    alerting: Box<[Arc<Limit>]>,
 }
 
 fn check_id(kind: &str, id: &str) -> Result<(), String> {
@@ -234,6 +242,7 @@ impl Catalog {
                     return Err(format!("limit {id:?}: parent {parent:?} is not a limit"));
                 }
             }
+            let alerts = alerts::thresholds(id, spec.alerts.as_deref())?;
             let id: Arc<str> = Arc::from(id.as_str());
             limits.insert(
                 id.clone(),
@@ -243,6 +252,7 @@ impl Catalog {
                     period: spec.period,
                     time_zone,
                     parent: spec.parent.as_deref().map(Arc::from),
+                    alerts,
                 }),
             );
         }
@@ -281,11 +291,17 @@ impl Catalog {
         }
         let mut in_order: Vec<Arc<Limit>> = limits.values().cloned().collect();
         in_order.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        let alerting = in_order
+            .iter()
+            .filter(|l| !l.alerts.is_empty())
+            .cloned()
+            .collect();
         Ok(Catalog {
             limits,
             ads,
             ancestors,
             in_order: in_order.into_boxed_slice(),
+            alerting,
         })
     }
 
@@ -311,6 +327,11 @@ impl Catalog {
             self.in_order.partition_point(|l| &*l.id <= after)
         });
         &self.in_order[start..]
+    }
+
+    /// The limits that carry budget alerts, in id order.
+    pub fn alerting(&self) -> &[Arc<Limit>] {
+        &self.alerting
     }
 
     /// Every limit above an ad: its own limits and all their ancestors,
@@ -397,6 +418,8 @@ fn too_deep(limits: &HashMap<Arc<str>, Arc<Limit>>, id: &Arc<str>) -> String {
         seen.len() - 1
     )
 }
+
+pub mod alerts;
 
 #[cfg(test)]
 mod tests;

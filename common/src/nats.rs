@@ -16,6 +16,16 @@ pub const SPEND_STREAM: &str = "SPEND";
 pub const SPEND_SUBJECTS: &str = "spend.*";
 pub const DEADLETTER_STREAM: &str = "DEADLETTER";
 pub const DEADLETTER_SUBJECTS: &str = "deadletter.>";
+pub const ALERTS_STREAM: &str = "ALERTS";
+pub const ALERTS_SUBJECTS: &str = "adspend.alerts.>";
+/// Budget alerts per limit on `ALERTS` (`adspend.alerts.<limit id>`).
+pub const ALERTS_SUBJECT_PREFIX: &str = "adspend.alerts";
+/// How long `ALERTS` remembers a message id: a second announcement of the
+/// same crossing within it is dropped by the server. Past it, announcers
+/// compare with the subject's last message instead (docs/ALERTS.md).
+pub const ALERTS_DUPLICATE_WINDOW: Duration = Duration::from_secs(48 * 3600);
+/// Alerts kept per limit (the newest; the last one always).
+pub const ALERTS_PER_LIMIT: i64 = 1000;
 /// Core NATS subject prefix for sum pushes (aggregator → pacer).
 pub const SUMS_SUBJECT_PREFIX: &str = "adspend.sums";
 /// Core NATS subject on which a pacer asks every aggregator for its full state.
@@ -55,6 +65,10 @@ pub fn progress_subject(shard: &str) -> String {
 
 pub fn spend_subject(partition: u32) -> String {
     format!("spend.{partition}")
+}
+
+pub fn alert_subject(limit_id: &str) -> String {
+    format!("{ALERTS_SUBJECT_PREFIX}.{limit_id}")
 }
 
 pub fn sums_subject(shard: &str) -> String {
@@ -289,6 +303,26 @@ pub async fn ensure_deadletter(js: &jetstream::Context, replicas: usize) -> Resu
             subjects: vec![DEADLETTER_SUBJECTS.into()],
             storage: stream::StorageType::File,
             num_replicas: replicas,
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// `ALERTS`: budget alerts, one subject per limit, each crossing once (its
+/// message id dedupes re-announcements; docs/ALERTS.md). No age limit: the
+/// last alert of a lifetime limit must stay to be compared with.
+pub async fn ensure_alerts(js: &jetstream::Context, replicas: usize) -> Result<stream::Stream> {
+    ensure(
+        js,
+        stream::Config {
+            name: ALERTS_STREAM.into(),
+            subjects: vec![ALERTS_SUBJECTS.into()],
+            storage: stream::StorageType::File,
+            num_replicas: replicas,
+            duplicate_window: ALERTS_DUPLICATE_WINDOW,
+            max_messages_per_subject: ALERTS_PER_LIMIT,
+            max_message_size: 4 * 1024,
             ..Default::default()
         },
     )

@@ -155,6 +155,7 @@ fn skipped_days_and_odd_jumps_at_midnight() {
         period: Period::Daily,
         time_zone: apia,
         parent: None,
+        alerts: Box::default(),
     };
     let bounds = limit.period_at(now);
     assert_eq!(
@@ -296,7 +297,7 @@ proptest! {
     fn instant_is_inside_its_period(ts in 0i64..4_102_444_800_000, zone in 0usize..6) {
         let zones = [Tz::UTC, chrono_tz::America::New_York, chrono_tz::Asia::Kolkata,
                      chrono_tz::Asia::Kathmandu, chrono_tz::Australia::Lord_Howe, chrono_tz::America::Santiago];
-        let limit = Limit { id: Arc::from("l"), budget_micros: 1, period: Period::Daily, time_zone: zones[zone], parent: None };
+        let limit = Limit { id: Arc::from("l"), budget_micros: 1, period: Period::Daily, time_zone: zones[zone], parent: None, alerts: Box::default() };
         let now = DateTime::<Utc>::from_timestamp_millis(ts).unwrap();
         let bounds = limit.period_at(now);
         prop_assert!(bounds.start.unwrap() <= now && now < bounds.end.unwrap());
