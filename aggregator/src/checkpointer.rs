@@ -99,6 +99,8 @@ impl Checkpointer {
                         .record(started.elapsed().as_secs_f64());
                     metrics::gauge!(SNAPSHOT_BYTES, "shard" => self.shard.clone())
                         .set(record.size_bytes as f64);
+                    crate::telemetry::last_checkpoint(&self.shard)
+                        .set(record.created_ms as f64 / 1000.0);
                     tracing::debug!(
                         id = record.checkpoint_id,
                         seq = record.seq,

@@ -88,6 +88,7 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
         ..
     } = validated;
     let Context { shutdown, tasks } = context;
+    adspend_common::telemetry::describe(telemetry::DESCRIPTIONS);
     let client = nats::connect(&config.nats, "adspend-aggregator").await?;
     let name = ownership.shard();
     let partitions = match ownership {

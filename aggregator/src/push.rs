@@ -38,6 +38,9 @@ pub struct Pusher {
     push_seq: u64,
     last_push: Instant,
     progress: Option<ProgressReport>,
+    /// The shard's watermark gauge, set every interval whether or not a
+    /// push goes out, so that a stuck writer shows as a frozen value.
+    watermark: metrics::Gauge,
 }
 
 /// The shard's applied sequence for the limiters' flow control, sent every
@@ -59,6 +62,7 @@ impl Pusher {
         interval: Duration,
     ) -> Self {
         Pusher {
+            watermark: crate::telemetry::watermark(&shard),
             client,
             store,
             dirty,
@@ -98,7 +102,13 @@ impl Pusher {
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                _ = ticker.tick() => self.push_changes().await,
+                _ = ticker.tick() => {
+                    let (_, watermark_ms) = self.dirty.position();
+                    if watermark_ms > 0 {
+                        self.watermark.set(watermark_ms as f64 / 1000.0);
+                    }
+                    self.push_changes().await;
+                }
                 _ = progress.tick(), if self.progress.is_some() => {
                     let (seq, _) = self.dirty.position();
                     self.report_progress(seq).await;

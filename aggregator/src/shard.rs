@@ -30,6 +30,7 @@ use crate::config::AcceptLoss;
 use crate::error::Error;
 use crate::fence::Validity;
 use crate::restore::{self, Start};
+use crate::telemetry::ShardGauges;
 use crate::{checkpointer, consume, delta, missing, push};
 
 const INCOMING_QUEUE: usize = 512;
@@ -151,6 +152,15 @@ pub async fn run(
         start,
         record,
     } = opened;
+    // Zeroed when the shard stops here, however it stops.
+    let _gauges = ShardGauges::start(
+        &shard,
+        record
+            .as_ref()
+            .map(|r| r.created_ms)
+            .filter(|&ms| ms > 0)
+            .unwrap_or_else(adspend_common::now_ms),
+    );
     let store = Arc::new(store);
     let (_, last_applied) = store.position()?;
     consume::check_bounds(&mut stream, last_applied).await?;

@@ -132,6 +132,116 @@ pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
     (PACER_FRESHNESS_SECONDS, FRESHNESS_BUCKETS),
 ];
 
+/// The `# HELP` text of every metric named here, one line each: Prometheus
+/// tooling (`promtool check metrics`) wants one for every metric.
+pub const DESCRIPTIONS: &[(&str, &str)] = &[
+    (
+        NATS_UNAUTHENTICATED,
+        "1 when the NATS server this service connected to lets clients in without authentication, else 0.",
+    ),
+    (IMPRESSIONS_TOTAL, "Impressions the limiter took from IMPRESSIONS and published spend for."),
+    (
+        REDELIVERED_IMPRESSIONS_TOTAL,
+        "Impressions whose message JetStream delivered more than once (their tuples are dropped by id downstream).",
+    ),
+    (REJECTED_TOTAL, "Input rejected and dead lettered to DEADLETTER, by reason."),
+    (
+        LIMITER_SET_ASIDE_TOTAL,
+        "Input messages the limiter set aside because NATS kept refusing their output.",
+    ),
+    (TUPLES_EMITTED_TOTAL, "Spend tuples (limit, cost, id) the limiter published to SPEND."),
+    (SPEND_MESSAGES_TOTAL, "SPEND messages the limiter published."),
+    (MARKERS_TOTAL, "Checkpoint markers the limiter published (one per partition per interval)."),
+    (CATALOG_RELOADS_TOTAL, "Catalog versions loaded."),
+    (
+        CATALOG_ERRORS_TOTAL,
+        "Catalog versions refused or unreadable (the previous catalog stays in force).",
+    ),
+    (
+        LIMITER_SOURCE_USAGE_SHARE,
+        "The source's share of the limiter's usage over the sliding window, 0 to 1.",
+    ),
+    (LIMITER_SOURCE_LAG_SECONDS, "Age of the source's oldest waiting input event."),
+    (
+        LIMITER_SOURCE_HELD_BACK,
+        "1 while the source is held back so that waiting sources get their share.",
+    ),
+    (
+        LIMITER_DOWNSTREAM_QUEUED_TUPLES,
+        "Tuples this limiter published to SPEND that no aggregator has reported applied.",
+    ),
+    (LIMITER_DOWNSTREAM_WINDOW_TUPLES, "The downstream window's size now, in tuples."),
+    (LIMITER_CONGESTED_ROUNDS_TOTAL, "Fair rounds in which the downstream window held a backlog back."),
+    (TUPLES_APPLIED_TOTAL, "Spend tuples added to the sums."),
+    (
+        DUPLICATES_DROPPED_TOTAL,
+        "Spend tuples dropped as duplicates, by=id (dedupe window) or by=seq (replay).",
+    ),
+    (APPLY_COMMITS_TOTAL, "LMDB write transactions committed by the writer."),
+    (LAST_APPLIED_SEQ, "SPEND stream sequence the shard has applied through."),
+    (CHECKPOINTS_TOTAL, "Checkpoints taken, by outcome (ok, failed)."),
+    (
+        CHECKPOINTS_COALESCED_TOTAL,
+        "Checkpoint requests folded into a newer one while a checkpoint ran.",
+    ),
+    (CHECKPOINT_SECONDS, "Time to take a checkpoint, by kind (base, delta)."),
+    (SNAPSHOT_BYTES, "Size of the shard's recorded base snapshot."),
+    (CHECKPOINT_UPLOADED_BYTES_TOTAL, "Bytes uploaded by checkpoints, by kind (base, delta)."),
+    (DEDUPE_IDS, "Message ids in the shard's dedupe window."),
+    (DEDUPE_WINDOW_SECONDS, "Stream time the shard's dedupe window covers now."),
+    (SUMS_PUSHES_TOTAL, "Pushes of changed sums to the pacers (heartbeats included)."),
+    (
+        STREAM_INTEGRITY_ERRORS_TOTAL,
+        "SPEND found with a retention gap or gone backwards, by kind; the shard stops.",
+    ),
+    (SPEND_SET_ASIDE_TOTAL, "SPEND messages or tuples set aside (dead lettered), by reason."),
+    (AGGREGATOR_OWNED_PARTITIONS, "Partitions this member applies now."),
+    (AGGREGATOR_REBALANCES_TOTAL, "Changes of this member's assigned partitions."),
+    (
+        AGGREGATOR_HANDOVER_SECONDS,
+        "Graceful handover time of a partition, by side (take, release).",
+    ),
+    (
+        AGGREGATOR_FAILOVER_SECONDS,
+        "From noticing a previous owner's lease gone until the partition applies here.",
+    ),
+    (AGGREGATOR_LEASES_LOST_TOTAL, "Membership leases this member lost."),
+    (PACER_UPDATES_TOTAL, "Sums pushes the pacer received."),
+    (
+        PACER_STALE_UPDATES_TOTAL,
+        "Sums pushes the pacer ignored as older than what it holds (an old owner's).",
+    ),
+    (PACER_RESYNCS_TOTAL, "Full-state resyncs the pacer asked the aggregators for."),
+    (PACER_LAG_SECONDS, "Now minus the watermark of the last sums push received."),
+    (
+        PACER_FRESHNESS_SECONDS,
+        "From the JetStream publish of a push's earliest impression to the pacer holding its sums.",
+    ),
+    (DECISIONS_TOTAL, "Ad decisions answered."),
+    (PACER_STALE_SHARDS, "Shards whose pushes are older than the stale threshold."),
+    (PACER_STALE_LIMITS, "Catalog limits that are stale (their ads are not servable)."),
+    (
+        PACER_INPUT_LAG_SECONDS,
+        "How far behind the limiters' input is, as the pacer hears from them.",
+    ),
+    (PACER_HTTP_REFUSED_TOTAL, "API requests refused, by reason."),
+];
+
+/// Give every metric of `descriptions` its `# HELP` text, in the installed
+/// recorder. Its kind follows from the naming rule: `_total` a counter, a
+/// name of [`HISTOGRAM_BUCKETS`] a histogram, else a gauge.
+pub fn describe(descriptions: &[(&'static str, &'static str)]) {
+    for &(name, help) in descriptions {
+        if name.ends_with("_total") {
+            metrics::describe_counter!(name, help);
+        } else if HISTOGRAM_BUCKETS.iter().any(|(n, _)| *n == name) {
+            metrics::describe_histogram!(name, help);
+        } else {
+            metrics::describe_gauge!(name, help);
+        }
+    }
+}
+
 /// `builder` with the bucket bounds of [`HISTOGRAM_BUCKETS`].
 fn with_histogram_buckets(
     mut builder: PrometheusBuilder,
@@ -175,6 +285,7 @@ pub fn install_metrics() -> PrometheusHandle {
     // Once per process; a second install keeps the first recorder.
     if metrics::set_global_recorder(recorder).is_ok() {
         let _ = HANDLE.set(handle.clone());
+        describe(DESCRIPTIONS);
     }
     HANDLE.get().cloned().unwrap_or(handle)
 }
@@ -224,6 +335,51 @@ mod tests {
                 let unit = ident.rsplit('_').next().unwrap().to_ascii_lowercase();
                 assert!(name.ends_with(&format!("_{unit}")), "{ident} = {name}");
             }
+        }
+    }
+
+    #[test]
+    fn every_name_has_help() {
+        let names = declared();
+        for (ident, name) in &names {
+            assert!(
+                DESCRIPTIONS
+                    .iter()
+                    .any(|(n, help)| n == name && !help.trim().is_empty()),
+                "{ident} = {name} has no description in DESCRIPTIONS"
+            );
+        }
+        for (name, _) in DESCRIPTIONS {
+            assert!(
+                names.iter().any(|(_, n)| n == name),
+                "{name} is described but not declared here"
+            );
+        }
+    }
+
+    #[test]
+    fn descriptions_render_as_help_lines() {
+        let recorder = with_histogram_buckets(PrometheusBuilder::new())
+            .unwrap()
+            .build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            describe(DESCRIPTIONS);
+            metrics::counter!(REJECTED_TOTAL, "reason" => "unknown_ad").increment(1);
+            metrics::gauge!(PACER_STALE_LIMITS).set(2.0);
+            metrics::histogram!(CHECKPOINT_SECONDS).record(0.2);
+        });
+        let text = handle.render();
+        for (name, kind) in [
+            (REJECTED_TOTAL, "counter"),
+            (PACER_STALE_LIMITS, "gauge"),
+            (CHECKPOINT_SECONDS, "histogram"),
+        ] {
+            let help = DESCRIPTIONS.iter().find(|(n, _)| *n == name).unwrap().1;
+            assert!(
+                text.contains(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n")),
+                "{name}: {text}"
+            );
         }
     }
 
