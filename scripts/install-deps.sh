@@ -3,7 +3,7 @@
 #   scripts/install-deps.sh run    -> build + demo dependencies (protoc, nats-server, python bcrypt)
 #   scripts/install-deps.sh test   -> also etcd, an S3-compatible server (moto), redis-server (the
 #                                     benchmark's Redis-Lua peer, whose tests run too), chromium (dashboard test),
-#                                     cargo-deny (built from crates.io into .tools/bin)
+#                                     cargo-deny (built from crates.io into .tools/bin), promtool (Debian's prometheus)
 #   scripts/install-deps.sh bench  -> test's, without cargo-deny (only test.sh's crate checks use it;
 #                                     building it cost a newcomer 10-15 minutes before the first figure)
 #   scripts/install-deps.sh cluster -> run's, plus what scripts/cluster.sh builds its images from:
@@ -66,6 +66,17 @@ if [ "$mode" != run ] && [ "$mode" != cluster ]; then
 fi
 if [ "$mode" != run ] && [ "$mode" != cluster ]; then
   ln -sf "$(command -v redis-server || echo /usr/bin/redis-server)" "$tools/bin/redis-server"
+fi
+# promtool (Debian's prometheus package): the alert rules' checks and unit
+# tests and the lint of every service's /metrics (tests/integration/prometheus.rs).
+if [ "$mode" = test ]; then
+  if ! command -v promtool >/dev/null 2>&1; then
+    echo "install-deps: apt-get install prometheus (promtool)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  fi
+  ln -sf "$(command -v promtool)" "$tools/bin/promtool"
 fi
 # cargo-deny (test.sh's licence, duplicate and source checks of the crate
 # graph): built from crates.io into .tools/bin, once.

@@ -23,6 +23,7 @@ mod pacer_api;
 mod pacer_bounds;
 mod pipeline;
 mod poison;
+mod prometheus;
 mod recovery;
 mod restart;
 mod sim_selftest;
