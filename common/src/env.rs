@@ -59,6 +59,8 @@ pub const PACER_REQUEST_TIMEOUT_MS: &str = "ADSPEND_PACER_REQUEST_TIMEOUT_MS";
 pub const PACER_IDLE_TIMEOUT_MS: &str = "ADSPEND_PACER_IDLE_TIMEOUT_MS";
 pub const PACER_MAX_CONNECTIONS: &str = "ADSPEND_PACER_MAX_CONNECTIONS";
 pub const PACER_ALGORITHM: &str = "ADSPEND_PACER_ALGORITHM";
+pub const ALERTS_WEBHOOK_URL: &str = "ADSPEND_ALERTS_WEBHOOK_URL";
+pub const ALERTS_WEBHOOK_SECRET: &str = "ADSPEND_ALERTS_WEBHOOK_SECRET";
 
 /// Every name above, for checks over all of them.
 pub const ALL: &[&str] = &[
@@ -107,6 +109,8 @@ pub const ALL: &[&str] = &[
     PACER_IDLE_TIMEOUT_MS,
     PACER_MAX_CONNECTIONS,
     PACER_ALGORITHM,
+    ALERTS_WEBHOOK_URL,
+    ALERTS_WEBHOOK_SECRET,
 ];
 
 #[cfg(test)]

@@ -33,6 +33,8 @@ pub struct AppState {
     pub spend: Arc<RwLock<SpendState>>,
     /// The limiters' latest per-source reports.
     pub sources: Arc<std::sync::Mutex<SourceReports>>,
+    /// The newest budget alerts ([`crate::alerts::recent`]).
+    pub alerts: crate::alerts::Recent,
     /// Most ad ids in one decisions request (ADSPEND_PACER_MAX_DECISION_IDS).
     pub max_decision_ids: usize,
 }
@@ -43,8 +45,9 @@ pub struct AppState {
 pub(crate) type Route<S> = (&'static str, &'static str, MethodRouter<S>);
 
 /// Behind the read scope.
-pub(crate) fn read_routes() -> [Route<AppState>; 5] {
+pub(crate) fn read_routes() -> [Route<AppState>; 6] {
     [
+        ("get", "/v1/alerts", get(list_alerts)),
         ("get", "/v1/limits", get(list_limits)),
         ("get", "/v1/limits/{limit_id}", get(get_limit)),
         ("get", "/v1/limits/{limit_id}/history", get(get_history)),
@@ -182,6 +185,26 @@ async fn list_limits(State(app): State<AppState>, ApiQuery(page): ApiQuery<Page>
         None
     };
     Json(LimitsPage { limits, next }).into_response()
+}
+
+#[derive(Deserialize)]
+struct AlertsPage {
+    /// A stream sequence: alerts older than it.
+    after: Option<u64>,
+    limit: Option<usize>,
+}
+
+/// The newest budget alerts first, paged by stream sequence.
+async fn list_alerts(
+    State(app): State<AppState>,
+    ApiQuery(page): ApiQuery<AlertsPage>,
+) -> Response {
+    let size = page.limit.unwrap_or(100);
+    let max = crate::alerts::recent::MAX_PAGE;
+    if size == 0 || size > max {
+        return error(StatusCode::BAD_REQUEST, format!("limit must be 1..={max}"));
+    }
+    Json(app.alerts.page(page.after, size)).into_response()
 }
 
 #[derive(Serialize)]

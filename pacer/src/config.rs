@@ -2,7 +2,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use adspend_common::catalog_source::CatalogSource;
-use adspend_common::config::{parse_addr, CatalogArgs, EtcdArgs, NatsArgs};
+use adspend_common::config::{parse_addr, CatalogArgs, EtcdArgs, NatsArgs, StreamArgs};
 use adspend_common::env;
 use adspend_common::Error;
 use clap::Parser;
@@ -27,6 +27,23 @@ pub struct Config {
     pub etcd: EtcdArgs,
     #[command(flatten)]
     pub catalog: CatalogArgs,
+    /// Replicas of `ALERTS` when the pacer creates it.
+    #[command(flatten)]
+    pub streams: StreamArgs,
+    /// Budget alerts are also POSTed here (http or https), signed with
+    /// ADSPEND_ALERTS_WEBHOOK_SECRET; empty: no webhook (docs/ALERTS.md).
+    #[arg(long, env = env::ALERTS_WEBHOOK_URL, default_value = "")]
+    pub alerts_webhook_url: String,
+    /// The HMAC-SHA256 key of the webhook's `X-Adspend-Signature`, at least
+    /// 16 bytes; required with ADSPEND_ALERTS_WEBHOOK_URL.
+    #[arg(
+        long,
+        env = env::ALERTS_WEBHOOK_SECRET,
+        default_value = "",
+        hide_env_values = true,
+        hide_default_value = true
+    )]
+    pub alerts_webhook_secret: Secret,
     /// HTTP listen address of the API and dashboard.
     #[arg(long, env = env::PACER_ADDR, default_value = "127.0.0.1:8080")]
     pub pacer_addr: String,
@@ -143,7 +160,11 @@ pub struct Settings {
     pub auth: Auth,
     pub http: HttpLimits,
     pub max_decision_ids: usize,
+    pub alerts: crate::alerts::Settings,
 }
+
+/// Shortest webhook secret accepted, bytes.
+const MIN_WEBHOOK_SECRET: usize = 16;
 
 impl Config {
     /// The validated settings, or the first bad one.
@@ -187,7 +208,53 @@ impl Config {
                     as usize,
             },
             max_decision_ids: self.max_decision_ids as usize,
+            alerts: crate::alerts::Settings {
+                stream_replicas: self.streams.replicas(),
+                webhook: self.webhook()?,
+            },
         })
+    }
+
+    fn webhook(&self) -> Result<Option<crate::alerts::webhook::Target>, Error> {
+        let url = self.alerts_webhook_url.trim();
+        let secret = &self.alerts_webhook_secret.0;
+        let fail = |name: &'static str, value: &str, reason: &str| Error::Config {
+            name,
+            value: value.to_string(),
+            reason: reason.to_string(),
+        };
+        if url.is_empty() {
+            if !secret.is_empty() {
+                return Err(fail(
+                    env::ALERTS_WEBHOOK_SECRET,
+                    "<not shown>",
+                    "set without ADSPEND_ALERTS_WEBHOOK_URL",
+                ));
+            }
+            return Ok(None);
+        }
+        let parsed =
+            url::Url::parse(url).map_err(|e| fail(env::ALERTS_WEBHOOK_URL, url, &e.to_string()))?;
+        if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+            return Err(fail(
+                env::ALERTS_WEBHOOK_URL,
+                url,
+                "must be an http:// or https:// URL with a host",
+            ));
+        }
+        if secret.len() < MIN_WEBHOOK_SECRET {
+            return Err(fail(
+                env::ALERTS_WEBHOOK_SECRET,
+                "<not shown>",
+                &format!(
+                    "needs at least {MIN_WEBHOOK_SECRET} bytes with ADSPEND_ALERTS_WEBHOOK_URL set"
+                ),
+            ));
+        }
+        Ok(Some(crate::alerts::webhook::Target {
+            url: parsed,
+            secret: secret.as_bytes().to_vec(),
+        }))
     }
 }
 
@@ -241,6 +308,64 @@ mod tests {
             "{message}"
         );
         assert!(!shown.contains("good-token"), "{shown}");
+    }
+
+    #[test]
+    fn the_webhook_needs_a_url_and_a_long_enough_secret_never_shown() {
+        assert!(parse(&[])
+            .validate()
+            .unwrap()
+            .settings
+            .alerts
+            .webhook
+            .is_none());
+        let secret = "--alerts-webhook-secret=s3cret-s3cret-s3cret";
+        let target = parse(&["--alerts-webhook-url=https://hooks.example/adspend", secret])
+            .validate()
+            .unwrap()
+            .settings
+            .alerts
+            .webhook
+            .unwrap();
+        assert_eq!(target.url.as_str(), "https://hooks.example/adspend");
+        assert!(!format!("{target:?}").contains("s3cret"));
+        for (args, name, reason) in [
+            (
+                vec![secret],
+                env::ALERTS_WEBHOOK_SECRET,
+                "without ADSPEND_ALERTS_WEBHOOK_URL",
+            ),
+            (
+                vec!["--alerts-webhook-url=ftp://x/y", secret],
+                env::ALERTS_WEBHOOK_URL,
+                "http://",
+            ),
+            (
+                vec!["--alerts-webhook-url=not a url", secret],
+                env::ALERTS_WEBHOOK_URL,
+                "not a url",
+            ),
+            (
+                vec![
+                    "--alerts-webhook-url=http://x/y",
+                    "--alerts-webhook-secret=short-s3cret",
+                ],
+                env::ALERTS_WEBHOOK_SECRET,
+                "at least 16 bytes",
+            ),
+            (
+                vec!["--alerts-webhook-url=http://x/y"],
+                env::ALERTS_WEBHOOK_SECRET,
+                "at least 16",
+            ),
+        ] {
+            let message = parse(&args).validate().unwrap_err().to_string();
+            assert!(
+                message.contains(name) && message.contains(reason),
+                "{args:?}: {message}"
+            );
+            assert!(!message.contains("s3cret"), "{message}");
+        }
     }
 
     #[test]

@@ -8,8 +8,11 @@
 //! dashboard, behind the optional bearer tokens of [`auth`], with JSON
 //! errors ([`reply`]), on listeners that [`serve`] guards against slow
 //! clients and greedy addresses. [`sources`] keeps the limiters' per-source
-//! reports for `/v1/sources`.
+//! reports for `/v1/sources`. [`alerts`] announces budget alerts from the
+//! held spend, follows them for `/v1/alerts` and delivers them to the
+//! optional webhook.
 
+pub mod alerts;
 pub mod api;
 pub mod auth;
 pub mod config;
@@ -111,12 +114,23 @@ pub async fn run(
         ..state::SpendState::default()
     }));
     tasks.spawn(ingest::run(
-        client,
+        client.clone(),
         pushes,
         spend.clone(),
         catalog.clone(),
         shutdown.clone(),
     ));
+    let alerts = alerts::Recent::default();
+    alerts::start(
+        client.clone(),
+        settings.alerts.clone(),
+        spend.clone(),
+        catalog.clone(),
+        alerts.clone(),
+        &tasks,
+        shutdown.clone(),
+    )
+    .await?;
     tasks.spawn(ticker(
         spend.clone(),
         reports.clone(),
@@ -156,6 +170,7 @@ pub async fn run(
             catalog,
             spend,
             sources: reports,
+            alerts,
             max_decision_ids: settings.max_decision_ids,
         },
         settings.auth.clone(),

@@ -173,6 +173,7 @@ mod tests {
             catalog: receiver,
             spend: Arc::new(RwLock::new(SpendState::default())),
             sources: Default::default(),
+            alerts: Default::default(),
             max_decision_ids: 1_000,
         };
         let auth = Auth::new(vec![READ.into()], vec![DECIDE.into()]);

@@ -62,6 +62,7 @@ pub async fn start_with(
         catalog: receiver,
         spend: Arc::new(RwLock::new(SpendState::default())),
         sources: Default::default(),
+        alerts: Default::default(),
         max_decision_ids,
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
