@@ -62,10 +62,11 @@ pub(crate) fn decide_routes() -> [Route<AppState>; 1] {
 }
 
 /// Never behind a token on the API port.
-pub(crate) fn open_routes() -> [Route<AppState>; 3] {
+pub(crate) fn open_routes() -> [Route<AppState>; 4] {
     [
         ("get", "/", get(dashboard)),
         ("get", "/dashboard/sources.js", get(dashboard_sources)),
+        ("get", "/dashboard/alerts.js", get(dashboard_alerts)),
         ("get", "/v1/openapi.json", get(crate::openapi::document)),
     ]
 }
@@ -287,6 +288,15 @@ async fn dashboard_sources() -> Response {
     (
         [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
         include_str!("dashboard_sources.js"),
+    )
+        .into_response()
+}
+
+/// The dashboard's Budget alerts panel.
+async fn dashboard_alerts() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("dashboard_alerts.js"),
     )
         .into_response()
 }

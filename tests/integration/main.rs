@@ -1,6 +1,7 @@
 //! The integration suite: one binary, a module per area, all against real
 //! nats-server, etcd and S3-compatible processes started by the harness.
 
+mod alerts;
 mod catalog_watch;
 mod chaos;
 mod closed_loop;
