@@ -14,6 +14,8 @@
 #   scripts/cluster.sh scale N        run aggregator1..aggregatorN (1..4); the others stop cleanly
 #   scripts/cluster.sh demo [EVENTS]  publish EVENTS impressions (10% duplicates) with adsim for the
 #                                     loaded catalog, then compare the pacer with the truth (adcheck)
+#   scripts/cluster.sh chaos --faults N --seed S  the random fault campaign against the running
+#                                     cluster (docs/CLUSTER.md); last line: chaos: N faults, M mismatches
 #
 # ADSPEND_CLUSTER_PROJECT names the compose project (default adspend).
 # ADSPEND_AGGREGATOR1_PARTITIONS=all runs aggregator1 as a single-owner aggregator.
@@ -77,10 +79,11 @@ require_docker() {
   docker info >/dev/null 2>&1 || die "cannot talk to the Docker daemon (is it running? are you root or in the docker group?)"
 }
 
-# Copy an executable and the shared libraries ldd names, under the same paths.
+# Copy an executable (to its own path, or to PATH_IN_IMAGE) and the shared
+# libraries ldd names, under the same paths: copy_with_libs EXE ROOTFS [PATH_IN_IMAGE].
 copy_with_libs() {
   local exe=$1 dest=$2 lib
-  install -D -m 0755 "$exe" "$dest$exe"
+  install -D -m 0755 "$exe" "$dest${3:-$exe}"
   for lib in $(ldd "$exe" | grep -Eo '/[^ ]+'); do
     install -D -m 0755 "$(readlink -f "$lib")" "$dest$lib"
   done
@@ -99,35 +102,6 @@ build_image() {
   say "docker build adspend/$name:dev"
   docker build -t "adspend/$name:dev" -f "$root/deploy/images/$name.Dockerfile" "$stage/$name" | sed 's/^/  /'
   say "image adspend/$name:dev built in $(elapsed "$started")"
-}
-
-# Debian bookworm (minbase, with python3) imported as adspend/s3-root:dev,
-# moto installed into it with the host's pip (same Debian, same Python).
-s3_root() {
-  if docker image inspect adspend/s3-root:dev >/dev/null 2>&1; then
-    say "adspend/s3-root:dev exists (docker rmi it to rebuild)"
-    return
-  fi
-  local dir="$stage/s3-debootstrap" started host_py root_py
-  started=$(date +%s)
-  if [ ! -f "$dir/.complete" ]; then
-    rm -rf "$dir"
-    say "debootstrap bookworm (minbase + python3) into $dir: a few minutes on a fresh machine"
-    debootstrap --variant=minbase --include=python3 bookworm "$dir" http://deb.debian.org/debian \
-      | grep --line-buffered -E '^I: (Retrieving|Validating|Extracting|Installing|Configuring|Base system)' \
-      | awk '{ n++; if ($2 != last || n % 25 == 0) { print "  " $0; last = $2 } fflush() }'
-    [ -x "$dir/usr/bin/python3" ] || die "debootstrap did not produce $dir/usr/bin/python3"
-    host_py=$("$root/.tools/venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-    root_py=$(chroot "$dir" python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-    [ "$host_py" = "$root_py" ] || die "host Python $host_py differs from the image's $root_py: moto's compiled wheels would not load"
-    say "pip install moto[server] into the image root (Python $root_py)"
-    "$root/.tools/venv/bin/pip" install -q --disable-pip-version-check --target "$dir/opt/moto" "moto[server]"
-    rm -rf "$dir/var/cache/apt/archives"/*.deb "$dir/var/lib/apt/lists"/*
-    touch "$dir/.complete"
-  fi
-  say "docker import adspend/s3-root:dev"
-  tar -C "$dir" --exclude=./.complete -c . | docker import - adspend/s3-root:dev >/dev/null
-  say "adspend/s3-root:dev ready in $(elapsed "$started")"
 }
 
 cmd_images() {
@@ -168,8 +142,12 @@ cmd_images() {
   install -m 0755 "$stage/services/rootfs/usr/local/bin/adspend-probe" "$rootfs/adspend-probe"
   build_image etcd
 
-  s3_root
+  [ -x "$root/.tools/bin/s3s-fs" ] || die "$root/.tools/bin/s3s-fs is missing (bash scripts/install-deps.sh cluster)"
   rootfs=$(fresh_rootfs s3)
+  copy_with_libs "$root/.tools/bin/s3s-fs" "$rootfs" /usr/local/bin/s3s-fs
+  # The bucket is a directory of the store's root; a new volume starts as a
+  # copy of it. The aggregators create it again if it ever goes.
+  mkdir -p "$rootfs/data/$bucket"
   install -D -m 0755 "$stage/services/rootfs/usr/local/bin/adspend-probe" "$rootfs/usr/local/bin/adspend-probe"
   build_image s3
   say "images ready in $(elapsed "$started"): ${images[*]}"
@@ -263,12 +241,6 @@ cmd_start() {
   say "starting ${infra[*]} (project $project)"
   compose up -d "${infra[@]}"
   wait_healthy 180 "${infra[@]}"
-  say "creating bucket s3://$bucket"
-  docker exec "$(container s3)" python3 -c "
-import sys, urllib.request
-req = urllib.request.Request('http://127.0.0.1:5000/$bucket', method='PUT')
-sys.exit(0 if urllib.request.urlopen(req, timeout=10).status == 200 else 1)" \
-    || die "could not create bucket $bucket in s3"
   say "loading catalog $catalog into etcd at $catalog_key ($(wc -c <"$catalog") bytes)"
   docker exec -i "$(container etcd1)" etcdctl put "$catalog_key" <"$catalog" >/dev/null \
     || die "could not write the catalog into etcd"
@@ -377,6 +349,14 @@ PY
   say "pacer equal to the truth $(elapsed "$started") after the first publish"
 }
 
+cmd_chaos() {
+  require_docker
+  [ -n "$(container pacer1)" ] || die "the cluster is not running: bash scripts/cluster.sh up"
+  say "building adclusterchaos (debug)"
+  cargo build -p adspend-tests --bin adclusterchaos
+  ADSPEND_CLUSTER_PROJECT="$project" exec "$target_dir/debug/adclusterchaos" "$@"
+}
+
 case "${1:-}" in
   up)
     shift
@@ -392,8 +372,9 @@ case "${1:-}" in
   logs) shift; compose --profile scale logs --tail "${LINES:-50}" "$@" ;;
   scale) shift; cmd_scale "$@" ;;
   demo) shift; cmd_demo "$@" ;;
+  chaos) shift; cmd_chaos "$@" ;;
   *)
-    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

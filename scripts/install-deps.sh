@@ -7,8 +7,8 @@
 #   scripts/install-deps.sh bench  -> test's, without cargo-deny (only test.sh's crate checks use it;
 #                                     building it cost a newcomer 10-15 minutes before the first figure)
 #   scripts/install-deps.sh cluster -> run's, plus what scripts/cluster.sh builds its images from:
-#                                     etcd-server and etcd-client (copied into a scratch image), debootstrap
-#                                     (the S3 image's Debian root), moto[server] (installed into that root)
+#                                     etcd-server and etcd-client (copied into a scratch image), s3s-fs
+#                                     (the S3-compatible store, built from crates.io into .tools/bin)
 # Python tools go into .tools/venv inside the repository; Debian packages via apt.
 set -euo pipefail
 mode=${1:-run}
@@ -22,7 +22,6 @@ command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 if [ "$mode" = cluster ]; then
   [ -x /usr/bin/etcd ] || need_apt+=(etcd-server)
   [ -x /usr/bin/etcdctl ] || need_apt+=(etcd-client)
-  command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
   command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
 fi
 if [ "$mode" != run ] && [ "$mode" != cluster ]; then
@@ -92,6 +91,22 @@ if [ "$mode" = test ]; then
     set -e
     "$tools/bin/cargo-deny" --version >/dev/null 2>&1 || { echo "install-deps: installing cargo-deny failed" >&2; exit 1; }
     echo "install-deps: cargo-deny installed in $(( $(date +%s) - started ))s"
+  fi
+fi
+# s3s-fs (the compose cluster's object store, data on a volume): built from
+# crates.io into .tools/bin, once. 0.14 is the last release for this toolchain.
+s3s_fs_version=0.14.1
+if [ "$mode" = cluster ]; then
+  if ! "$tools/bin/s3s-fs" --version 2>/dev/null | grep -q "$s3s_fs_version"; then
+    echo "install-deps: cargo install s3s-fs $s3s_fs_version into .tools/bin (a few minutes on 2 cores, once)"
+    started=$(date +%s)
+    set +e
+    cargo install --locked --version "$s3s_fs_version" --features binary --root "$tools" s3s-fs 2>&1 |
+      grep --line-buffered -E '^\s*(Compiling|Installing|Installed|Replacing|error|warning: )' |
+      awk '{ printf "install-deps: s3s-fs [%d] %s\n", NR, $0; fflush() }'
+    set -e
+    "$tools/bin/s3s-fs" --version >/dev/null 2>&1 || { echo "install-deps: installing s3s-fs failed" >&2; exit 1; }
+    echo "install-deps: s3s-fs installed in $(( $(date +%s) - started ))s"
   fi
 fi
 echo "install-deps: ok ($mode): $("$tools/bin/nats-server" --version)"

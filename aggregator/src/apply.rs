@@ -457,11 +457,16 @@ impl Writer {
         };
         store.set_last_applied_seq(&mut wtxn, applied_through)?;
         failpoint::hit("aggregator.before_commit");
-        if self.lease.as_ref().is_some_and(|lease| !lease.is_valid()) {
-            // Dropping the transaction discards the group.
-            return Err(Error::LeaseLost {
-                shard: self.shard.clone(),
-            });
+        if let Some(lease) = &self.lease {
+            // Keepalives unanswered (an etcd election, a slow member):
+            // pause with the group uncommitted until etcd confirms the lease
+            // again. Revoked, it is lost: dropping the transaction discards
+            // the group.
+            if lease.wait_blocking().is_err() {
+                return Err(Error::LeaseLost {
+                    shard: self.shard.clone(),
+                });
+            }
         }
         {
             // A checkpoint takes the changes under this lock, so what it

@@ -260,10 +260,10 @@ impl Checkpointer {
         pieces: Vec<bytes::Bytes>,
         keys: Vec<String>,
     ) -> Result<CheckpointRecord, Error> {
-        self.check_lease()?;
+        self.check_lease().await?;
         let (size_bytes, checksum) = self.snapshots.put(&key, pieces).await?;
         failpoint::hit("aggregator.after_upload");
-        self.check_lease()?;
+        self.check_lease().await?;
         let mut record = chain;
         record.deltas.push(DeltaRef {
             key: key.clone(),
@@ -332,12 +332,12 @@ impl Checkpointer {
         // The epoch keeps a stale owner (same next id) from overwriting the
         // new owner's object; names still sort by checkpoint id for GC.
         let key = format!("{}/{id:020}-{seq:020}-e{}.mdb", self.shard, self.epoch);
-        self.check_lease()?;
+        self.check_lease().await?;
         tracing::debug!(id, seq, key, "checkpoint: copied; uploading");
         let (size_bytes, checksum) = self.snapshots.upload(&key, &file).await?;
         tracing::debug!(id, seq, size_bytes, "checkpoint: uploaded; recording");
         failpoint::hit("aggregator.after_upload");
-        self.check_lease()?;
+        self.check_lease().await?;
         let record = CheckpointRecord {
             checkpoint_id: id,
             seq,
@@ -358,12 +358,14 @@ impl Checkpointer {
         Ok(record)
     }
 
-    fn check_lease(&self) -> Result<(), Error> {
+    /// Waits out a lapsed lease (keepalives unanswered, etcd may yet
+    /// confirm it); fails once it is revoked.
+    async fn check_lease(&self) -> Result<(), Error> {
         match &self.lease {
-            Some(lease) if !lease.is_valid() => Err(Error::LeaseLost {
+            Some(lease) => lease.wait().await.map_err(|_| Error::LeaseLost {
                 shard: self.shard.clone(),
             }),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 

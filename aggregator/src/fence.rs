@@ -12,6 +12,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// How often a paused writer looks at the deadline again.
+const PAUSE_POLL: Duration = Duration::from_millis(20);
+
+/// The lease is lost for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Revoked;
+
 #[derive(Debug)]
 pub struct Validity {
     base: Instant,
@@ -41,6 +48,36 @@ impl Validity {
     /// From now on, never valid again.
     pub fn revoke(&self) {
         self.until_nanos.store(0, Ordering::Release);
+    }
+
+    /// Revoked for good (the lease is lost), as opposed to lapsed: a lapsed
+    /// deadline comes back when etcd answers a keepalive again.
+    pub fn is_revoked(&self) -> bool {
+        self.until_nanos.load(Ordering::Acquire) == 0
+    }
+
+    /// Blocks the calling (non-async) thread while the deadline has lapsed
+    /// but is not revoked: an etcd election or a slow answer pauses the
+    /// writer instead of ending it. Ok once valid; Err once revoked.
+    pub fn wait_blocking(&self) -> Result<(), Revoked> {
+        while !self.is_valid() {
+            if self.is_revoked() {
+                return Err(Revoked);
+            }
+            std::thread::sleep(PAUSE_POLL);
+        }
+        Ok(())
+    }
+
+    /// [`Validity::wait_blocking`] for async callers.
+    pub async fn wait(&self) -> Result<(), Revoked> {
+        while !self.is_valid() {
+            if self.is_revoked() {
+                return Err(Revoked);
+            }
+            tokio::time::sleep(PAUSE_POLL).await;
+        }
+        Ok(())
     }
 
     pub fn is_valid(&self) -> bool {
@@ -74,6 +111,42 @@ mod tests {
         assert!(validity.remaining() > Duration::from_secs(4));
         validity.revoke();
         assert!(!validity.is_valid());
+        assert!(validity.is_revoked());
         assert_eq!(validity.remaining(), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_lapsed_deadline_pauses_until_extended_and_a_revoked_one_ends() {
+        let validity = std::sync::Arc::new(Validity::new(Duration::from_millis(10)));
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            !validity.is_valid() && !validity.is_revoked(),
+            "lapsed, not revoked"
+        );
+        let extender = {
+            let validity = validity.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                validity.extend_to(Instant::now() + Duration::from_secs(5));
+            })
+        };
+        let paused = Instant::now();
+        assert_eq!(validity.wait_blocking(), Ok(()));
+        assert!(
+            paused.elapsed() >= Duration::from_millis(90),
+            "it waited for the answer"
+        );
+        extender.join().unwrap();
+        let revoker = {
+            let validity = validity.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                validity.revoke();
+            })
+        };
+        // Valid now: no wait. Then revoked while waiting: an error.
+        assert_eq!(validity.wait_blocking(), Ok(()));
+        revoker.join().unwrap();
+        assert_eq!(validity.wait_blocking(), Err(Revoked));
     }
 }

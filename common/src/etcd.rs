@@ -6,6 +6,8 @@ use std::time::Duration;
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
 use crate::config::EtcdArgs;
+
+mod endpoints;
 use crate::error::{Error, Result};
 
 /// Connect and prove the cluster answers (a lazy channel would only fail at
@@ -34,7 +36,7 @@ pub async fn connect(etcd: &EtcdArgs) -> Result<Client> {
         options = options.with_tls(tls);
     }
     let attempt = async {
-        let mut client = Client::connect(&endpoints, Some(options))
+        let mut client = Client::connect(&endpoints, Some(options.clone()))
             .await
             .map_err(|e| fail(with_tls_hint(describe(&e), tls)))?;
         client
@@ -43,9 +45,13 @@ pub async fn connect(etcd: &EtcdArgs) -> Result<Client> {
             .map_err(|e| fail(with_tls_hint(describe(&e), tls)))?;
         Ok(client)
     };
-    tokio::time::timeout(Duration::from_secs(15), attempt)
+    let client = tokio::time::timeout(Duration::from_secs(15), attempt)
         .await
-        .map_err(|_| fail("timed out after 15s".into()))?
+        .map_err(|_| fail("timed out after 15s".into()))??;
+    if endpoints.len() > 1 {
+        tokio::spawn(endpoints::keep_live(client.clone(), endpoints, options));
+    }
+    Ok(client)
 }
 
 /// Names the settings to look at when the failure is a refused

@@ -1,7 +1,7 @@
-# moto's S3-compatible server on a minimal Debian root (debootstrap, then
-# `docker import` as adspend/s3-root; moto installed under /opt/moto).
-FROM adspend/s3-root:dev
+# The cluster's S3-compatible object store: s3s-fs (crates.io, built by
+# scripts/install-deps.sh cluster) with its libc, in a scratch image. Objects
+# live as files under /data, a volume, so they outlive the container.
+FROM scratch
 COPY rootfs/ /
-ENV PYTHONPATH=/opt/moto
 EXPOSE 5000
-CMD ["python3", "-m", "moto.server", "-H", "0.0.0.0", "-p", "5000"]
+CMD ["/usr/local/bin/s3s-fs", "--host", "0.0.0.0", "--port", "5000", "--access-key", "adspend", "--secret-key", "adspend-secret", "/data"]

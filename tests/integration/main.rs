@@ -11,6 +11,7 @@ mod config_errors;
 mod dashboard;
 mod deadletter;
 mod decisions;
+mod etcd_endpoints;
 mod etcd_tls;
 mod fair;
 mod fair_watch;

@@ -12,4 +12,5 @@ pub mod harness;
 pub mod limiter_progress;
 pub mod pipeline;
 pub mod sim;
+pub mod stats;
 pub mod stream_truth;

@@ -6,6 +6,13 @@
 //! one moves the deadline to the time it was sent plus half the TTL, so a
 //! process that stops hearing from etcd (partitioned, or paused and
 //! resumed) stops applying well before etcd lets another member take over.
+//!
+//! A lapsed deadline is a pause, not a loss: the partitions wait with
+//! nothing committed, and the keeper keeps asking. etcd's answer decides:
+//! the lease still alive (an election, a dead endpoint, a slow answer: the
+//! owner keys bound to it still stand, so nobody else can own our
+//! partitions) moves the deadline on and everything resumes where it
+//! stood; the lease gone revokes the deadline and the member rejoins.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +22,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
 use crate::fence::Validity;
+
+/// Times the keepalives went unanswered for half the TTL and the
+/// partitions paused (each ends in a resume or a lost lease).
+pub const AGGREGATOR_LEASE_PAUSES_TOTAL: &str = "adspend_aggregator_lease_pauses_total";
 
 #[derive(Debug, Clone)]
 pub struct Lease {
@@ -63,16 +74,31 @@ pub async fn keep_alive(mut client: Client, lease: &Lease, cancel: CancellationT
         lease.validity.revoke();
         End::Lost(reason)
     };
+    let mut paused: Option<Instant> = None;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return End::Cancelled,
             _ = ticker.tick() => {}
         }
-        if !lease.validity.is_valid() {
-            return lost(format!(
-                "no keepalive answered within {} ms",
-                (lease.ttl / 2).as_millis()
-            ));
+        match (lease.validity.is_valid(), paused) {
+            (false, None) => {
+                paused = Some(Instant::now());
+                metrics::counter!(AGGREGATOR_LEASE_PAUSES_TOTAL).increment(1);
+                tracing::warn!(
+                    lease = lease.id,
+                    "no keepalive answered within {} ms; partitions pause until etcd answers",
+                    (lease.ttl / 2).as_millis()
+                );
+            }
+            (true, Some(since)) => {
+                paused = None;
+                tracing::info!(
+                    lease = lease.id,
+                    paused_ms = since.elapsed().as_millis() as u64,
+                    "etcd confirmed the lease; partitions resume"
+                );
+            }
+            _ => {}
         }
         if channel.is_none() {
             match tokio::time::timeout(interval, client.lease_keep_alive(lease.id)).await {
@@ -100,6 +126,9 @@ pub async fn keep_alive(mut client: Client, lease: &Lease, cancel: CancellationT
                 lease.validity.extend_to(sent + lease.ttl / 2);
             }
             Ok(Ok(Some(_))) => return lost("etcd reports the lease expired".into()),
+            Ok(Err(e)) if is_lease_gone(&e) => {
+                return lost(format!("etcd no longer knows the lease: {e}"))
+            }
             Ok(Ok(None)) => {
                 tracing::warn!(lease = lease.id, "lease keepalive stream ended; reopening");
                 channel = None;
@@ -114,6 +143,11 @@ pub async fn keep_alive(mut client: Client, lease: &Lease, cancel: CancellationT
             }
         }
     }
+}
+
+/// etcd's answer for a lease it has expired or revoked.
+fn is_lease_gone(e: &etcd_client::Error) -> bool {
+    e.to_string().contains("requested lease not found")
 }
 
 #[cfg(test)]

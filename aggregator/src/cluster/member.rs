@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use adspend_common::telemetry::AGGREGATOR_OWNED_PARTITIONS;
 use etcd_client::{Client, GetOptions, PutOptions, WatchOptions};
@@ -77,6 +77,9 @@ pub(super) struct Member {
     pub(super) started_tx: mpsc::Sender<(u32, Started)>,
     pub(super) started_rx: mpsc::Receiver<(u32, Started)>,
 }
+
+/// How long a leaving member waits for the others to claim what it released.
+const LEAVE_WAIT: Duration = Duration::from_secs(5);
 
 /// A lease lost shows up as this error from the reconcile step.
 pub(super) fn lease_lost(reason: impl Into<String>) -> Error {
@@ -279,8 +282,8 @@ impl Member {
     }
 
     /// Stop every partition (after a last checkpoint each if `hand_over`)
-    /// and wait for them.
-    pub(super) async fn stop_all(&mut self, hand_over: bool) {
+    /// and wait for them; returns those that stopped cleanly.
+    pub(super) async fn stop_all(&mut self, hand_over: bool) -> Vec<u32> {
         for running in self.running.values() {
             if hand_over {
                 running.stop.hand_over();
@@ -288,26 +291,68 @@ impl Member {
                 running.stop.abandon();
             }
         }
+        let mut clean = Vec::new();
         for (partition, running) in std::mem::take(&mut self.running) {
             match running.task.await {
-                Ok(Ok(())) => {}
+                Ok(Ok(())) => clean.push(partition),
                 Ok(Err(e)) => {
                     tracing::warn!(partition, error = %e, "partition stopped with an error")
                 }
                 Err(e) => tracing::warn!(partition, error = %e, "partition task failed"),
             }
         }
+        clean
     }
 
-    /// Shutdown: hand every partition over, then revoke the lease, which
-    /// deletes our member and owner keys at once so the others take over
-    /// without waiting for the TTL.
+    /// Shutdown: hand every partition over, release each owner key while
+    /// our member key still stands (so the receivers count a handover and
+    /// restore from the checkpoint just recorded), give them a moment to
+    /// claim, then revoke the lease, which deletes whatever is left.
     async fn leave(&mut self) {
-        self.stop_all(true).await;
+        if !self.lease.validity.is_valid() {
+            // Paused, etcd unheard: no last checkpoint can be recorded, so
+            // the next owner replays from the recorded one.
+            self.lease.validity.revoke();
+            self.stop_all(false).await;
+            return;
+        }
+        let handed = self.stop_all(true).await;
+        for partition in &handed {
+            self.release(*partition).await;
+        }
+        if !handed.is_empty() {
+            self.wait_claimed(&handed).await;
+        }
         let mut etcd = self.ctx.etcd.clone();
         if let Err(e) = etcd.lease_revoke(self.lease.id).await {
             tracing::warn!(error = %e, "revoking the lease failed; the others take over when it expires");
         }
+    }
+
+    /// Until another member owns each of `partitions`, or [`LEAVE_WAIT`].
+    async fn wait_claimed(&self, partitions: &[u32]) {
+        let started = Instant::now();
+        while started.elapsed() < LEAVE_WAIT {
+            match self.owners().await {
+                Ok(owners) => {
+                    let waiting = partitions
+                        .iter()
+                        .filter(|p| owners.get(p).is_none_or(|(id, _)| *id == self.ctx.id))
+                        .count();
+                    if waiting == 0 {
+                        tracing::info!(
+                            partitions = partitions.len(),
+                            took_ms = started.elapsed().as_millis() as u64,
+                            "every partition handed over"
+                        );
+                        return;
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "reading the owners while leaving failed"),
+            }
+            tokio::time::sleep(RECONCILE_EVERY / 5).await;
+        }
+        tracing::warn!("not every partition was claimed within {LEAVE_WAIT:?}; leaving anyway");
     }
 }
 

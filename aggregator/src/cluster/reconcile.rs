@@ -25,12 +25,16 @@ impl Member {
         self.reap().await?;
         let now = Instant::now();
         self.retry_after.retain(|_, until| *until > now);
-        if !self.lease.validity.is_valid() {
-            return Err(lease_lost("keepalives unanswered"));
+        if self.lease.validity.is_revoked() {
+            return Err(lease_lost("lease revoked"));
         }
         let members = self.members().await?;
         if !members.contains(&self.ctx.id) {
             return Err(lease_lost("our member key is gone"));
+        }
+        if !self.lease.validity.is_valid() {
+            // Paused until etcd answers the keeper: nothing to decide now.
+            return Ok(());
         }
         let owners = self.owners().await?;
         let assigned: BTreeSet<u32> =
@@ -139,7 +143,7 @@ impl Member {
     }
 
     /// Delete our owner key (only if it is still ours, under this lease).
-    async fn release(&self, partition: u32) {
+    pub(super) async fn release(&self, partition: u32) {
         let key = owner_key(partition);
         let txn = Txn::new()
             .when(vec![

@@ -1,5 +1,7 @@
 //! Container health check: `adspend-probe http://127.0.0.1:9102/metrics` exits
 //! 0 when the URL answers HTTP 200, otherwise 1 with one line on stderr.
+//! `adspend-probe http://… 403` accepts that status instead (an object
+//! store answers an unsigned request with 403 once it is serving).
 //! Standard library only, so it runs in a scratch image next to the services.
 
 use std::io::{Read, Write};
@@ -14,7 +16,8 @@ fn main() -> ExitCode {
         eprintln!("adspend-probe: usage: adspend-probe http://<host>:<port>/<path>");
         return ExitCode::FAILURE;
     };
-    match probe(&url) {
+    let wanted = std::env::args().nth(2).unwrap_or_else(|| "200".to_owned());
+    match probe(&url, &wanted) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("adspend-probe: {url}: {e}");
@@ -23,8 +26,8 @@ fn main() -> ExitCode {
     }
 }
 
-/// GET `url` (plain `http://host:port/path`) and require status 200.
-fn probe(url: &str) -> Result<(), String> {
+/// GET `url` (plain `http://host:port/path`) and require status `wanted`.
+fn probe(url: &str, wanted: &str) -> Result<(), String> {
     let rest = url
         .strip_prefix("http://")
         .ok_or("only http:// URLs are supported")?;
@@ -60,7 +63,7 @@ fn probe(url: &str) -> Result<(), String> {
     let status_line = String::from_utf8_lossy(&head[..len]);
     let status_line = status_line.lines().next().unwrap_or("").trim();
     match status_line.split_whitespace().nth(1) {
-        Some("200") => Ok(()),
+        Some(status) if status == wanted => Ok(()),
         Some(_) => Err(format!("answered {status_line:?}")),
         None => Err("no HTTP status line in the answer".to_owned()),
     }
@@ -87,15 +90,18 @@ mod tests {
 
     #[test]
     fn healthy_unhealthy_and_unreachable() {
-        assert_eq!(probe(&serve_once("200 OK")), Ok(()));
-        let err = probe(&serve_once("503 Service Unavailable")).unwrap_err();
+        assert_eq!(probe(&serve_once("200 OK"), "200"), Ok(()));
+        let err = probe(&serve_once("503 Service Unavailable"), "200").unwrap_err();
         assert!(err.contains("503"), "{err}");
+        assert_eq!(probe(&serve_once("403 Forbidden"), "403"), Ok(()));
+        let err = probe(&serve_once("200 OK"), "403").unwrap_err();
+        assert!(err.contains("200"), "{err}");
         let closed = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap();
-        let err = probe(&format!("http://{closed}/healthz")).unwrap_err();
+        let err = probe(&format!("http://{closed}/healthz"), "200").unwrap_err();
         assert!(err.starts_with("connect"), "{err}");
-        assert!(probe("https://example.invalid/").is_err());
+        assert!(probe("https://example.invalid/", "200").is_err());
     }
 }

@@ -24,13 +24,7 @@ pub struct Report {
     pub recovery_ms: Vec<(String, u64)>,
 }
 
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
+use crate::stats::percentile;
 
 impl Report {
     pub fn render(&self) -> String {

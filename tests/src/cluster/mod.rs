@@ -13,6 +13,7 @@
 //! simulator while faults happen and settles the result against the ground
 //! truth.
 
+pub mod chaos;
 mod compose;
 mod observe;
 mod traffic;

@@ -40,6 +40,18 @@ impl Traffic {
         rate: f64,
         seed: u64,
     ) -> anyhow::Result<Traffic> {
+        Self::start_on(catalog, "impressions.sim", Some(events), rate, seed).await
+    }
+
+    /// Starts publishing to `subject` (one source): `events` events, or
+    /// until [`Traffic::stop`] when `None`.
+    pub async fn start_on(
+        catalog: &Catalog,
+        subject: &str,
+        events: Option<u64>,
+        rate: f64,
+        seed: u64,
+    ) -> anyhow::Result<Traffic> {
         let client = connect_as("adserver").await?;
         // The limiters create the stream; the simulator must not create a
         // single-replica one first. The ad server may not look at streams:
@@ -61,7 +73,8 @@ impl Traffic {
             "IMPRESSIONS has {replicas} replicas, expected 3"
         );
         let config = SimConfig {
-            events: Some(events),
+            subject: subject.to_owned(),
+            events,
             rate,
             duplicate_rate: 0.1,
             batch: 50,

@@ -197,12 +197,7 @@ impl Server {
     }
 }
 
-fn unix_ms() -> i64 {
-    let since = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
-}
+use crate::stats::unix_ms;
 
 /// The cost of one served impression, integer micros.
 fn sample_cost(cost: &CostDistribution, rng: &mut SmallRng) -> u64 {

@@ -3,7 +3,7 @@
 //! impressions into the truth when, and only when, its ack arrives.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
@@ -382,12 +382,7 @@ impl TokenBucket {
     }
 }
 
-fn unix_ms() -> i64 {
-    let since_epoch = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
-}
+use crate::stats::unix_ms;
 
 /// Eight base-36 characters: ids of two runs against one stream never meet.
 fn random_run_id() -> String {

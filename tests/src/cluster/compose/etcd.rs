@@ -105,4 +105,67 @@ impl Cluster {
         }
         Ok(records)
     }
+
+    /// `etcdctl put KEY` with the value on stdin (a catalog is too long for
+    /// an argument), in the first etcd container that takes it.
+    pub async fn etcdctl_put(&self, key: &str, value: &str) -> anyhow::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        let mut last = anyhow::anyhow!("no etcd container is running");
+        for etcd in ["etcd1", "etcd2", "etcd3"] {
+            let id = self.id(etcd).await?;
+            let mut child = tokio::process::Command::new("docker")
+                .args([
+                    "exec",
+                    "-i",
+                    &id,
+                    "etcdctl",
+                    "--command-timeout=5s",
+                    "put",
+                    key,
+                ])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .context("docker exec etcdctl put")?;
+            let mut stdin = child.stdin.take().context("stdin")?;
+            stdin.write_all(value.as_bytes()).await?;
+            drop(stdin);
+            let output = child.wait_with_output().await?;
+            if output.status.success() {
+                return Ok(());
+            }
+            last = anyhow::anyhow!(
+                "etcdctl put {key} in {etcd}: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        Err(last)
+    }
+
+    /// The compose service of etcd's current leader (`etcd2`).
+    pub async fn etcd_leader(&self) -> anyhow::Result<String> {
+        let out = self
+            .etcdctl(&["endpoint", "status", "--cluster", "-w", "json"])
+            .await?;
+        let statuses: Value = serde_json::from_str(&out).context("endpoint status json")?;
+        let statuses = statuses
+            .as_array()
+            .context("endpoint status: not an array")?;
+        let leader = statuses
+            .iter()
+            .find_map(|s| s["Status"]["leader"].as_u64())
+            .context("endpoint status names no leader")?;
+        let endpoint = statuses
+            .iter()
+            .find(|s| s["Status"]["header"]["member_id"].as_u64() == Some(leader))
+            .and_then(|s| s["Endpoint"].as_str())
+            .context("the leader's endpoint is not among the answers")?;
+        // `https://etcd2:2379` -> `etcd2`
+        let host = endpoint
+            .split_once("://")
+            .map_or(endpoint, |(_, rest)| rest);
+        Ok(host.split(':').next().unwrap_or(host).to_owned())
+    }
 }

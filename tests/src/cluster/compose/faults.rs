@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure};
 
-use super::{Cluster, ContainerState, PROJECT};
+use super::{Cluster, ContainerState};
 
 impl Cluster {
     /// `docker kill` (SIGKILL); checks the container is no longer running.
@@ -56,6 +56,19 @@ impl Cluster {
         Ok(state)
     }
 
+    /// `docker restart` (SIGTERM, SIGKILL after 10 s, then start); checks
+    /// it runs again and returns its state.
+    pub async fn restart(&self, service: &str) -> anyhow::Result<ContainerState> {
+        let id = self.id(service).await?;
+        self.run("docker", &["restart", "-t", "10", &id]).await?;
+        let state = self.state(service).await?;
+        ensure!(
+            state.running,
+            "{service} not running after docker restart: {state:?}"
+        );
+        Ok(state)
+    }
+
     /// Creates (if needed) and starts a service's container, as `scripts/cluster.sh scale` does.
     pub async fn up(&self, service: &str) -> anyhow::Result<ContainerState> {
         self.compose(&["up", "-d", "--no-recreate", "--no-deps", service])
@@ -68,7 +81,7 @@ impl Cluster {
     /// Detaches a service from one of the compose networks (`data`, `control`).
     pub async fn disconnect(&self, service: &str, network: &str) -> anyhow::Result<ContainerState> {
         let id = self.id(service).await?;
-        let net = format!("{PROJECT}_{network}");
+        let net = format!("{}_{network}", self.project);
         self.run("docker", &["network", "disconnect", &net, &id])
             .await?;
         let state = self.state(service).await?;
@@ -81,7 +94,7 @@ impl Cluster {
 
     pub async fn connect(&self, service: &str, network: &str) -> anyhow::Result<ContainerState> {
         let id = self.id(service).await?;
-        let net = format!("{PROJECT}_{network}");
+        let net = format!("{}_{network}", self.project);
         // Same DNS name as compose gives it, so the others find it again.
         self.run(
             "docker",

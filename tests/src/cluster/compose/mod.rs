@@ -65,6 +65,10 @@ pub struct ContainerState {
 /// after printing the services' last log lines if the test is panicking.
 pub struct Cluster {
     root: PathBuf,
+    /// The compose project: [`PROJECT`] for a test's own, or a running one.
+    project: String,
+    /// Started here: removed on drop. An attached project is left running.
+    owned: bool,
     /// Holds the catalog file the project was started with.
     _dir: tempfile::TempDir,
     http: reqwest::Client,
@@ -82,6 +86,8 @@ impl Cluster {
         catalog.save(&catalog_path)?;
         let cluster = Cluster {
             root: workspace_root(),
+            project: PROJECT.to_owned(),
+            owned: true,
             _dir: dir,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
@@ -89,12 +95,12 @@ impl Cluster {
             ids: Default::default(),
         };
         cluster.down().await?;
-        eprintln!("cluster: starting project {PROJECT}");
+        eprintln!("cluster: starting project {}", cluster.project);
         let status = tokio::process::Command::new("bash")
             .arg(cluster.root.join("scripts/cluster.sh"))
             .arg("start")
             .arg(&catalog_path)
-            .env("ADSPEND_CLUSTER_PROJECT", PROJECT)
+            .env("ADSPEND_CLUSTER_PROJECT", &cluster.project)
             .status()
             .await
             .context("running scripts/cluster.sh start")?;
@@ -103,6 +109,25 @@ impl Cluster {
             "scripts/cluster.sh start failed ({status}); are the images built (bash scripts/cluster.sh images)?"
         );
         Ok(cluster)
+    }
+
+    /// A project someone else started (`scripts/cluster.sh up`), left
+    /// running when this is dropped.
+    pub fn attach(project: &str) -> anyhow::Result<Cluster> {
+        Ok(Cluster {
+            root: workspace_root(),
+            project: project.to_owned(),
+            owned: false,
+            _dir: tempfile::tempdir().context("tempdir")?,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()?,
+            ids: Default::default(),
+        })
+    }
+
+    pub fn project(&self) -> &str {
+        &self.project
     }
 
     async fn run(&self, program: &str, args: &[&str]) -> anyhow::Result<String> {
@@ -127,12 +152,12 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
-    fn compose_args<'a>(&self, args: &[&'a str]) -> Vec<&'a str> {
+    fn compose_args<'a>(&'a self, args: &[&'a str]) -> Vec<&'a str> {
         let mut all = vec![
             "-f",
             "deploy/docker-compose.yml",
             "-p",
-            PROJECT,
+            &self.project,
             "--profile",
             "scale",
         ];
@@ -170,7 +195,7 @@ impl Cluster {
         let inspect: Value = serde_json::from_str(&out).context("docker inspect output")?;
         let c = &inspect[0];
         let state = &c["State"];
-        let prefix = format!("{PROJECT}_");
+        let prefix = format!("{}_", self.project);
         let networks = c["NetworkSettings"]["Networks"]
             .as_object()
             .map(|n| n.iter().collect::<Vec<_>>())
@@ -194,7 +219,7 @@ impl Cluster {
     }
 
     async fn remove_volumes(&self) -> anyhow::Result<()> {
-        let label = format!("label=com.docker.compose.project={PROJECT}");
+        let label = format!("label=com.docker.compose.project={}", self.project);
         let volumes = self
             .run("docker", &["volume", "ls", "-q", "--filter", &label])
             .await?;
@@ -244,6 +269,9 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let compose = |args: &[&str]| {
             std::process::Command::new("docker-compose")
                 .args(self.compose_args(args))
@@ -256,7 +284,7 @@ impl Drop for Cluster {
             args.extend_from_slice(&ALL_SERVICES);
             let _ = compose(&args);
         }
-        eprintln!("cluster: removing project {PROJECT}");
+        eprintln!("cluster: removing project {}", self.project);
         // Drop may run inside the test's runtime: down() runs on a thread
         // with a runtime of its own.
         let result = std::thread::scope(|scope| {
@@ -271,7 +299,7 @@ impl Drop for Cluster {
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("down panicked")))
         });
         if let Err(e) = result {
-            eprintln!("cluster: removing project {PROJECT} failed: {e:#}");
+            eprintln!("cluster: removing project {} failed: {e:#}", self.project);
         }
     }
 }
