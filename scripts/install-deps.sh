@@ -7,8 +7,8 @@
 #   scripts/install-deps.sh bench  -> test's, without cargo-deny (only test.sh's crate checks use it;
 #                                     building it cost a newcomer 10-15 minutes before the first figure)
 #   scripts/install-deps.sh cluster -> run's, plus what scripts/cluster.sh builds its images from:
-#                                     etcd-server and etcd-client (copied into a scratch image), s3s-fs
-#                                     (the S3-compatible store, built from crates.io into .tools/bin)
+#                                     etcd-server and etcd-client, prometheus (each copied into a scratch
+#                                     image), s3s-fs (the S3-compatible store, built from crates.io into .tools/bin)
 # Python tools go into .tools/venv inside the repository; Debian packages via apt.
 set -euo pipefail
 mode=${1:-run}
@@ -66,10 +66,11 @@ fi
 if [ "$mode" != run ] && [ "$mode" != cluster ]; then
   ln -sf "$(command -v redis-server || echo /usr/bin/redis-server)" "$tools/bin/redis-server"
 fi
-# promtool (Debian's prometheus package): the alert rules' checks and unit
-# tests and the lint of every service's /metrics (tests/integration/prometheus.rs).
-if [ "$mode" = test ]; then
-  if ! command -v promtool >/dev/null 2>&1; then
+# Debian's prometheus package: promtool for the alert rules' checks and unit
+# tests and the lint of every service's /metrics (tests/integration/prometheus.rs),
+# and the prometheus binary the cluster's image is made of.
+if [ "$mode" = test ] || [ "$mode" = cluster ]; then
+  if ! command -v promtool >/dev/null 2>&1 || [ ! -x /usr/bin/prometheus ]; then
     echo "install-deps: apt-get install prometheus (promtool)"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq

@@ -33,9 +33,17 @@ pub const WATERMARK_TIMESTAMP_SECONDS: &str = "adspend_aggregator_watermark_time
 pub const LAST_CHECKPOINT_TIMESTAMP_SECONDS: &str =
     "adspend_aggregator_last_checkpoint_timestamp_seconds";
 
+/// Times the lease keepalives went unanswered for half the TTL and the
+/// partitions paused (each ends in a resume or a lost lease).
+pub const LEASE_PAUSES_TOTAL: &str = "adspend_aggregator_lease_pauses_total";
+
 /// The `# HELP` text of the names above, for
 /// `adspend_common::telemetry::describe`.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[
+    (
+        LEASE_PAUSES_TOTAL,
+        "Times the lease keepalives went unanswered for half the TTL and the partitions paused.",
+    ),
     (
         SNAPSHOT_MISSING,
         "1 while the shard cannot restore because its recorded snapshot is gone.",

@@ -35,19 +35,36 @@ pub async fn connect(etcd: &EtcdArgs) -> Result<Client> {
         }
         options = options.with_tls(tls);
     }
+    // With several endpoints, one that is down (or whose name does not
+    // resolve yet) fails the requests the client sends its way: ask again
+    // until one answers, within the same 15 s. One endpoint fails at once.
+    let last_error = std::sync::Mutex::new(None::<String>);
     let attempt = async {
         let mut client = Client::connect(&endpoints, Some(options.clone()))
             .await
             .map_err(|e| fail(with_tls_hint(describe(&e), tls)))?;
-        client
-            .status()
-            .await
-            .map_err(|e| fail(with_tls_hint(describe(&e), tls)))?;
-        Ok(client)
+        loop {
+            match client.status().await {
+                Ok(_) => return Ok(client),
+                Err(e) if endpoints.len() > 1 => {
+                    *last_error.lock().expect("last error") = Some(describe(&e));
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(fail(with_tls_hint(describe(&e), tls))),
+            }
+        }
     };
     let client = tokio::time::timeout(Duration::from_secs(15), attempt)
         .await
-        .map_err(|_| fail("timed out after 15s".into()))??;
+        .map_err(|_| {
+            let last = last_error.lock().expect("last error").take();
+            fail(match last {
+                Some(e) => {
+                    with_tls_hint(format!("no endpoint answered within 15s; last: {e}"), tls)
+                }
+                None => "timed out after 15s".into(),
+            })
+        })??;
     if endpoints.len() > 1 {
         tokio::spawn(endpoints::keep_live(client.clone(), endpoints, options));
     }

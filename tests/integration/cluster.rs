@@ -27,6 +27,8 @@ const TAKEOVER: Duration = Duration::from_secs(90);
 /// Events per second: the 2-core CI machine runs 15 containers besides.
 const RATE: f64 = 1500.0;
 const AGGREGATOR_METRICS: u16 = 9102;
+/// The cluster's Prometheus, published on the host.
+const PROMETHEUS_ALERTS: &str = "http://127.0.0.1:9090/api/v1/alerts";
 
 fn catalog(seed: u64) -> Catalog {
     generate_catalog(&CatalogSpec::for_ads(200), seed).expect("catalog")
@@ -207,7 +209,44 @@ async fn plain_clients_refused(cluster: &Cluster) {
             "etcd1 logged no rejected connection with {reason:?}:\n{log}"
         );
     }
-    figure("all up: plaintext and credential-less clients refused by NATS and etcd");
+    // Between the servers: a plaintext NATS route (from the host to nats2's
+    // cluster port) and a plain HTTP peer request to etcd2 are refused.
+    let nats2 = cluster
+        .state("nats2")
+        .await
+        .expect("nats2")
+        .data_ip
+        .expect("nats2 address");
+    let mut route = tokio::net::TcpStream::connect((nats2.as_str(), 6222))
+        .await
+        .expect("tcp connect to nats2's route port");
+    let _ = route
+        .write_all(b"CONNECT {\"verbose\":false}\r\nPING\r\n")
+        .await;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), route.read_to_end(&mut answer))
+        .await
+        .expect("nats2 kept a plaintext route open")
+        .ok();
+    let answer = String::from_utf8_lossy(&answer);
+    // The route port speaks TLS first: plaintext gets no INFO and no PONG.
+    assert!(
+        !answer.contains("PONG") && !answer.contains("INFO"),
+        "a plaintext route was served: {answer}"
+    );
+    let id = cluster.id("etcd1").await.expect("etcd1");
+    let peer = tokio::process::Command::new("docker")
+        .args(["exec", &id, "/adspend-probe", "http://etcd2:2380/members"])
+        .output()
+        .await
+        .expect("docker exec adspend-probe");
+    let said = String::from_utf8_lossy(&peer.stderr);
+    // Plain peers got 200 and the member list; TLS peers close the connection.
+    assert!(
+        !peer.status.success(),
+        "etcd2 answered a plain peer request: {said}"
+    );
+    figure("all up: plaintext and credential-less clients refused by NATS and etcd, plain routes and peers too");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,9 +320,11 @@ async fn docker_kill_aggregator_failover() {
         let needle = format!("partition={p} ");
         let line = logs
             .lines()
-            .filter(|l| l.contains("partition running") && l.contains(&needle))
-            .filter(|l| l.contains("kind=\"failover\""))
-            .next_back()
+            .rfind(|l| {
+                l.contains("partition running")
+                    && l.contains(&needle)
+                    && l.contains("kind=\"failover\"")
+            })
             .unwrap_or_else(|| panic!("no failover start of p{p} in the survivors' logs"));
         assert!(
             line.contains("start=\"cold\"") || line.contains("start=\"warm\""),
@@ -297,6 +338,33 @@ async fn docker_kill_aggregator_failover() {
         sum / count
     ));
     settle(&catalog, traffic, "kill aggregator").await;
+}
+
+/// Polls the cluster's Prometheus (`127.0.0.1:9090`) until `alert` fires
+/// for `instance`.
+async fn wait_alert(alert: &str, instance: &str) {
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < Duration::from_secs(150) {
+        if let Ok(response) = http().get(PROMETHEUS_ALERTS).send().await {
+            if let Ok(doc) = response.json::<serde_json::Value>().await {
+                let alerts = doc["data"]["alerts"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                if alerts.iter().any(|a| {
+                    a["labels"]["alertname"] == alert
+                        && a["labels"]["instance"] == instance
+                        && a["state"] == "firing"
+                }) {
+                    return;
+                }
+                last = doc.to_string();
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    panic!("Prometheus never fired {alert} for {instance}; last answer: {last}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -368,6 +436,13 @@ async fn docker_pause_aggregator_fenced() {
         !fenced.is_empty(),
         "{victim} logged nothing about losing its lease:\n{logs}"
     );
+    // The cluster's Prometheus evaluates deploy/prometheus/rules.yml: the
+    // lost lease fires AdspendLeaseLost for the victim.
+    wait_alert("AdspendLeaseLost", &format!("{victim}:9102")).await;
+    figure(&format!(
+        "pause {victim}: Prometheus fired AdspendLeaseLost {:.1}s after the unpause",
+        unpaused_at.elapsed().as_secs_f64()
+    ));
     settle(&catalog, traffic, "pause aggregator").await;
     let (samples, backwards) = monotonic.finish().await;
     assert!(samples > 20, "only {samples} pacer samples");

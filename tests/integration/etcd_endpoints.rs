@@ -22,12 +22,15 @@ use tokio::task::JoinSet;
 /// the listener and every relayed connection.
 struct Relay {
     port: u16,
-    tasks: JoinSet<()>,
+    /// Dropped with the relay: aborts the accept loop and its connections.
+    _tasks: JoinSet<()>,
 }
 
 impl Relay {
     async fn start(target: String, port: u16) -> Relay {
-        let listener = TcpListener::bind(("127.0.0.1", port)).await.expect("bind relay");
+        let listener = TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("bind relay");
         let port = listener.local_addr().unwrap().port();
         let mut tasks = JoinSet::new();
         tasks.spawn(async move {
@@ -41,7 +44,10 @@ impl Relay {
                 });
             }
         });
-        Relay { port, tasks }
+        Relay {
+            port,
+            _tasks: tasks,
+        }
     }
 }
 
@@ -78,7 +84,8 @@ async fn a_dead_endpoint_leaves_the_balance_and_comes_back() {
     tokio::time::sleep(Duration::from_secs(4)).await;
     let failed = failures(&mut client, 60).await;
     assert_eq!(
-        failed, 0,
+        failed,
+        0,
         "{failed} of 60 requests failed in the {:.1}s after the first 4s once one of two \
          endpoints went away",
         cut.elapsed().as_secs_f64() - 4.0
@@ -88,4 +95,26 @@ async fn a_dead_endpoint_leaves_the_balance_and_comes_back() {
     let _relay = Relay::start(target, relay_port).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(failures(&mut client, 20).await, 0, "relay back");
+}
+
+/// A service that starts while one etcd endpoint is down (a member being
+/// restarted, a name Docker does not resolve yet) connects through the
+/// others: it used to exit at its first status request if that went to
+/// the dead endpoint. One endpoint alone still fails at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_starts_while_one_endpoint_is_down() {
+    let etcd = Etcd::start().await;
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let endpoints = format!("{dead},{}", etcd.endpoints());
+    for attempt in 1..=10 {
+        let started = Instant::now();
+        adspend_common::etcd::connect(&EtcdArgs::plain(endpoints.clone()))
+            .await
+            .unwrap_or_else(|e| panic!("connect {attempt} with one dead endpoint of two: {e}"));
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+    let alone = adspend_common::etcd::connect(&EtcdArgs::plain(dead)).await;
+    assert!(alone.is_err(), "a dead endpoint alone connected");
 }

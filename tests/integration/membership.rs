@@ -328,3 +328,63 @@ async fn a_lease_that_lapses_before_the_join_is_replaced_not_fatal() {
     let truth = p.publish(&sim_config(2_000, 21)).await;
     settle_exact(&p, &truth).await;
 }
+
+/// An etcd that stops answering for longer than half the lease TTL but not
+/// past the lease (an election, a slow disk) pauses the member's partitions
+/// and resumes them when etcd answers again: no lost lease, no partition
+/// restarted, nothing lost. Before, the member declared its lease lost at
+/// half the TTL and stopped and restarted every partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_stall_within_the_lease_pauses_partitions_without_a_restart() {
+    let mut p = start_pipeline().await;
+    // Keepalives every 2 s, each good for 3 s; the lease lives 6 s in etcd.
+    let mut a = spawn_member_with(&p, "agg-a", &[("ADSPEND_LEASE_TTL_MS", "6000")]);
+    wait_owned(&[(&a, PARTITIONS)], Duration::from_secs(30)).await;
+    let first = p.publish(&sim_config(3_000, 31)).await;
+    let claims = std::fs::read_to_string(a.process.log_path())
+        .unwrap_or_default()
+        .matches("partition claimed")
+        .count();
+    assert_eq!(claims, PARTITIONS as usize, "{}", a.process.log_tail(40));
+
+    // Frozen for 3.5 s: past the 3 s the last answer was good for, inside
+    // the 6 s etcd keeps the lease from the last keepalive it answered.
+    let etcd = p.etcd.as_mut().expect("etcd");
+    etcd.pause();
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    etcd.resume();
+    a.process
+        .wait_for_log(
+            "etcd confirmed the lease; partitions resume",
+            Duration::from_secs(20),
+        )
+        .await
+        .expect("the member resumes once etcd answers");
+
+    let second = p.publish(&sim_config(3_000, 32)).await;
+    assert_eq!(
+        try_metric(a.port, "adspend_aggregator_leases_lost_total")
+            .await
+            .ok(),
+        Some(0.0),
+        "the lease was declared lost"
+    );
+    assert!(
+        try_metric(a.port, "adspend_aggregator_lease_pauses_total")
+            .await
+            .is_ok_and(|n| n >= 1.0),
+        "no pause was counted"
+    );
+    assert_eq!(
+        std::fs::read_to_string(a.process.log_path())
+            .unwrap_or_default()
+            .matches("partition claimed")
+            .count(),
+        claims,
+        "partitions were restarted:\n{}",
+        a.process.log_tail(60)
+    );
+    let mut truth = first;
+    truth.absorb(&second);
+    settle_exact(&p, &truth).await;
+}

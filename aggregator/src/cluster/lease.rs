@@ -22,10 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
 use crate::fence::Validity;
-
-/// Times the keepalives went unanswered for half the TTL and the
-/// partitions paused (each ends in a resume or a lost lease).
-pub const AGGREGATOR_LEASE_PAUSES_TOTAL: &str = "adspend_aggregator_lease_pauses_total";
+use crate::telemetry::LEASE_PAUSES_TOTAL;
 
 #[derive(Debug, Clone)]
 pub struct Lease {
@@ -74,32 +71,13 @@ pub async fn keep_alive(mut client: Client, lease: &Lease, cancel: CancellationT
         lease.validity.revoke();
         End::Lost(reason)
     };
-    let mut paused: Option<Instant> = None;
+    let mut pause = Pause::default();
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return End::Cancelled,
             _ = ticker.tick() => {}
         }
-        match (lease.validity.is_valid(), paused) {
-            (false, None) => {
-                paused = Some(Instant::now());
-                metrics::counter!(AGGREGATOR_LEASE_PAUSES_TOTAL).increment(1);
-                tracing::warn!(
-                    lease = lease.id,
-                    "no keepalive answered within {} ms; partitions pause until etcd answers",
-                    (lease.ttl / 2).as_millis()
-                );
-            }
-            (true, Some(since)) => {
-                paused = None;
-                tracing::info!(
-                    lease = lease.id,
-                    paused_ms = since.elapsed().as_millis() as u64,
-                    "etcd confirmed the lease; partitions resume"
-                );
-            }
-            _ => {}
-        }
+        pause.look(lease);
         if channel.is_none() {
             match tokio::time::timeout(interval, client.lease_keep_alive(lease.id)).await {
                 Ok(Ok(pair)) => channel = Some(pair),
@@ -123,7 +101,10 @@ pub async fn keep_alive(mut client: Client, lease: &Lease, cancel: CancellationT
         };
         match tokio::time::timeout(interval, exchange).await {
             Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
+                // A lapse that began and ended between two ticks still counts.
+                pause.look(lease);
                 lease.validity.extend_to(sent + lease.ttl / 2);
+                pause.answered(lease);
             }
             Ok(Ok(Some(_))) => return lost("etcd reports the lease expired".into()),
             Ok(Err(e)) if is_lease_gone(&e) => {
@@ -141,6 +122,38 @@ pub async fn keep_alive(mut client: Client, lease: &Lease, cancel: CancellationT
                 tracing::warn!(lease = lease.id, "lease keepalive unanswered; reopening");
                 channel = None;
             }
+        }
+    }
+}
+
+/// Whether the partitions are paused for want of an answer, and since when.
+#[derive(Default)]
+struct Pause {
+    since: Option<Instant>,
+}
+
+impl Pause {
+    /// A lapsed deadline starts a pause (counted and logged once).
+    fn look(&mut self, lease: &Lease) {
+        if self.since.is_none() && !lease.validity.is_valid() && !lease.validity.is_revoked() {
+            self.since = Some(Instant::now());
+            metrics::counter!(LEASE_PAUSES_TOTAL).increment(1);
+            tracing::warn!(
+                lease = lease.id,
+                "no keepalive answered within {} ms; partitions pause until etcd answers",
+                (lease.ttl / 2).as_millis()
+            );
+        }
+    }
+
+    /// etcd answered that the lease lives: a pause ends.
+    fn answered(&mut self, lease: &Lease) {
+        if let Some(since) = self.since.take() {
+            tracing::info!(
+                lease = lease.id,
+                paused_ms = since.elapsed().as_millis() as u64,
+                "etcd confirmed the lease; partitions resume"
+            );
         }
     }
 }

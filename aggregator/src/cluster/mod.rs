@@ -92,6 +92,9 @@ pub async fn run(
 ) -> Result<(), Error> {
     let mut etcd = adspend_common::etcd::connect(&config.etcd).await?;
     agree_on_partition_count(&mut etcd, &id, config.partitions.partitions).await?;
+    // At zero from the start, so an alert on their increase sees the first one.
+    metrics::counter!(AGGREGATOR_LEASES_LOST_TOTAL).increment(0);
+    metrics::counter!(crate::telemetry::LEASE_PAUSES_TOTAL).increment(0);
     let context = Arc::new(Context {
         id,
         partitions: config.partitions.partitions,

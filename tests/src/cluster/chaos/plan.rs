@@ -103,7 +103,7 @@ impl Verb {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Template {
     One(Verb, Target),
-    Two((Verb, Target), (Verb, Target)),
+    Two(Hit, Hit),
     ScaleUp,
     ScaleDown,
 }
@@ -162,7 +162,10 @@ const SINGLE: &[(Verb, Target, u32)] = &[
 
 /// Two at once: the control plane's leader with an aggregator, a stream
 /// leader with an aggregator, the object store with an aggregator.
-const DOUBLE: &[((Verb, Target), (Verb, Target), u32)] = &[
+/// One fault of a pair: what is done to which kind of container.
+type Hit = (Verb, Target);
+
+const DOUBLE: &[(Hit, Hit, u32)] = &[
     (
         (Verb::Kill, Target::EtcdLeader),
         (Verb::Kill, Target::Aggregator),

@@ -208,7 +208,7 @@ async fn sample_pacer(state: Arc<Mutex<State>>, cancel: CancellationToken) {
         let base = state.lock().unwrap().pacer.clone();
         let shards = fetch_shards(&http, &base).await;
         // Limits page through everything: once a second is enough.
-        let limits = if round % 5 == 0 {
+        let limits = if round.is_multiple_of(5) {
             Some(fetch_limits(&http, &base).await)
         } else {
             None

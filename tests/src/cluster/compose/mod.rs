@@ -28,7 +28,7 @@ pub use secrets::{nats_args, SECRETS_DIR};
 pub const PROJECT: &str = "adspendtest";
 /// The aggregators the compose file starts by default.
 pub const AGGREGATORS: [&str; 3] = ["aggregator1", "aggregator2", "aggregator3"];
-const ALL_SERVICES: [&str; 15] = [
+const ALL_SERVICES: [&str; 16] = [
     "nats1",
     "nats2",
     "nats3",
@@ -44,6 +44,7 @@ const ALL_SERVICES: [&str; 15] = [
     "aggregator4",
     "pacer1",
     "pacer2",
+    "prometheus",
 ];
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
 
