@@ -43,7 +43,7 @@ pub async fn connect(etcd: &EtcdArgs) -> Result<Client> {
             .status()
             .await
             .map_err(|e| fail(with_tls_hint(describe(&e), tls)))?;
-        Ok(client)
+        Ok::<_, Error>(client)
     };
     let client = tokio::time::timeout(Duration::from_secs(15), attempt)
         .await

@@ -10,9 +10,7 @@
 //! plumbing in every service,
 //! [`service`] is the `main` they share and [`env`] names every setting.
 
-pub mod catalog;
 pub mod catalog_source;
-pub mod codec;
 pub mod config;
 pub mod env;
 pub mod error;
@@ -21,9 +19,11 @@ pub mod failpoint;
 pub mod nats;
 pub mod service;
 pub mod shutdown;
-pub mod source_report;
 pub mod telemetry;
-pub mod types;
+
+// The wire format and catalog live in `adspend-wire` (no network or runtime
+// dependencies); their paths under this crate stay as they were.
+pub use adspend_wire::{catalog, codec, source_report, types};
 
 pub use error::{Error, Result};
 
