@@ -6,9 +6,10 @@
 //! and checkpoint records, which only it uses and so keeps) → `pacer` (reads
 //! [`types::SumsUpdate`] pushes; the limiter also reports its per-source
 //! scheduling to the pacer as [`source_report::SourcesReport`]s).
-//! [`config`], [`telemetry`], [`shutdown`] and [`failpoint`] are the same
-//! plumbing in every service,
-//! [`service`] is the `main` they share and [`env`] names every setting.
+//! [`config`], [`telemetry`], [`failpoint`] and the signal handling of
+//! `shutdown` are the same plumbing in every service, [`service`] is the
+//! `main` they share and [`env`] names every setting. The wire format and
+//! catalog are `adspend-wire`'s, re-exported here under their old paths.
 
 pub mod catalog_source;
 pub mod config;
@@ -18,7 +19,7 @@ pub mod etcd;
 pub mod failpoint;
 pub mod nats;
 pub mod service;
-pub mod shutdown;
+pub(crate) mod shutdown;
 pub mod telemetry;
 
 // The wire format and catalog live in `adspend-wire` (no network or runtime
