@@ -110,7 +110,7 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
         settings: config.shard_settings(),
         lease: None,
     };
-    let result = shard::run(spec, shard::Stop::new(shutdown), None).await;
+    let result = shard::start(spec, &shutdown, &tasks, None).join().await;
     tracing::info!("aggregator stopped");
     result
 }
