@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use adspend_common::types::SpendMessage;
 use tokio::sync::{mpsc, watch};
 
+pub use crate::config::DedupeLimits;
 use crate::dedupe::{self, IdSet, ShardOrder};
 use crate::delta::Changes;
 use crate::error::Error;
@@ -24,13 +25,6 @@ use crate::store::Store;
 use {crate::store::parse_lifetime, adspend_common::types::LIFETIME_BUCKET};
 
 use self::accumulate::Pass;
-
-/// The dedupe window, bounded by stream time and by id count.
-#[derive(Clone, Copy, Debug)]
-pub struct DedupeLimits {
-    pub window_ms: u64,
-    pub max_ids: u64,
-}
 
 /// Most tuples in one write transaction, to bound commit latency.
 const MAX_GROUP_TUPLES: usize = 200_000;

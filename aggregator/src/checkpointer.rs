@@ -25,16 +25,12 @@ use crate::apply::CheckpointRequest;
 use crate::delta::Changes;
 use crate::error::Error;
 use crate::fence::Validity;
-use crate::restore;
-use crate::store::Store;
+use crate::store::{Store, DATA_FILE};
 use crate::telemetry::CHAIN_LOST_TOTAL;
 
 mod failures;
 
 pub use failures::{Failing, Reason};
-
-/// File name of the LMDB data file, in snapshots as in the environment.
-pub const DATA_FILE: &str = "data.mdb";
 
 pub struct Checkpointer {
     pub store: Arc<Store>,
@@ -323,7 +319,7 @@ impl Checkpointer {
             // a restore of this base stands, and deltas can follow it.
             let copied = Store::open(&copy_dir, store.map_size())?;
             let position = copied.position();
-            restore::close(copied);
+            copied.close();
             Ok(position?.1)
         })
         .await

@@ -8,10 +8,9 @@ use crate::snapshot_store::SnapshotStore;
 
 use futures::StreamExt;
 
-use crate::checkpointer::DATA_FILE;
 use crate::delta::Delta;
 use crate::error::Error;
-use crate::store::Store;
+use crate::store::{Store, DATA_FILE};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Start {
@@ -100,10 +99,6 @@ fn fetch_failed(
             e.into()
         }
     }
-}
-
-pub(crate) fn close(store: Store) {
-    store.env.prepare_for_closing().wait();
 }
 
 /// Deltas fetched ahead of the one being applied during a restore.
@@ -215,7 +210,7 @@ pub async fn open_or_restore(
                     record_seq = r.seq,
                     "local state is not usable; restoring the recorded snapshot"
                 );
-                close(store);
+                store.close();
             }
             (None, None) => {
                 return fresh(store);
@@ -249,7 +244,7 @@ pub async fn open_or_restore(
     {
         let restored = Store::open(&restore_dir, map_size)?;
         let result = verify_and_apply_deltas(&restored, record, snapshots).await;
-        close(restored);
+        restored.close();
         result?;
     }
     if lmdb_dir.exists() {

@@ -21,7 +21,6 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use adspend_common::nats;
 use async_nats::jetstream::{self, stream::Stream};
@@ -30,8 +29,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::apply::DedupeLimits;
-use crate::config::AcceptLoss;
+use crate::config::ShardSettings;
 use crate::error::Error;
 use crate::fence::Validity;
 use crate::record::{CheckpointRecord, CheckpointStore};
@@ -42,20 +40,6 @@ use crate::telemetry::ShardGauges;
 use crate::{consume, missing};
 
 mod parts;
-
-/// Settings every shard of a process shares.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    pub dedupe: DedupeLimits,
-    pub push_interval: Duration,
-    pub snapshots_kept: usize,
-    /// Deltas on one base before a checkpoint copies a new base.
-    pub max_deltas: usize,
-    pub lmdb_map_size: usize,
-    pub stream_replicas: usize,
-    /// Shards the operator allowed to be rebuilt at a loss ([`missing`]).
-    pub accept_loss: AcceptLoss,
-}
 
 /// One shard to run.
 pub struct Spec {
@@ -68,7 +52,7 @@ pub struct Spec {
     pub records: CheckpointStore,
     pub snapshots: SnapshotStore,
     pub client: async_nats::Client,
-    pub settings: Settings,
+    pub settings: ShardSettings,
     /// Cluster mode: the lease the shard is owned under.
     pub lease: Option<Arc<Validity>>,
 }
@@ -182,7 +166,7 @@ struct Opened {
     stream: Stream,
     records: CheckpointStore,
     snapshots: SnapshotStore,
-    settings: Settings,
+    settings: ShardSettings,
     lease: Option<Arc<Validity>>,
     tmp_dir: PathBuf,
     epoch: u64,

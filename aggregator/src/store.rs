@@ -38,6 +38,9 @@ const META_LINEAGE: &str = "lineage";
 /// more than one in this many keys.
 const WALK_RATIO: u64 = 16;
 
+/// File name of the LMDB data file, in snapshots as in the environment.
+pub const DATA_FILE: &str = "data.mdb";
+
 /// Virtual address space reserved for the map; the file grows as needed.
 pub const DEFAULT_MAP_SIZE: usize = 64 << 30;
 
@@ -107,6 +110,12 @@ pub fn log_key_time(key: &[u8]) -> u64 {
 }
 
 impl Store {
+    /// Close the environment now and wait until it is, so that its
+    /// directory can be opened again by this process.
+    pub(crate) fn close(self) {
+        self.env.prepare_for_closing().wait();
+    }
+
     /// Open (creating if needed) the environment in directory `path`.
     pub fn open(path: &Path, map_size: usize) -> Result<Store, Error> {
         std::fs::create_dir_all(path).map_err(adspend_common::Error::io("create", path))?;

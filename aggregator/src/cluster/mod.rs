@@ -38,9 +38,8 @@ use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::Config;
+use crate::config::{Config, ShardSettings};
 use crate::error::Error;
-use crate::shard;
 use member::{Member, Served};
 
 pub const MEMBERS_PREFIX: &str = "/adspend/members/";
@@ -71,7 +70,7 @@ pub(super) struct Context {
     pub(super) id: String,
     pub(super) partitions: u32,
     pub(super) data_dir: PathBuf,
-    pub(super) settings: shard::Settings,
+    pub(super) settings: ShardSettings,
     pub(super) snapshots: SnapshotStore,
     pub(super) nats: async_nats::Client,
     pub(super) etcd: Client,

@@ -26,7 +26,7 @@ use crate::error::Error;
 use crate::record::CheckpointRecord;
 use crate::store::Store;
 use crate::telemetry::ShardGauges;
-use crate::{consume, push, restore};
+use crate::{consume, push};
 
 const INCOMING_QUEUE: usize = 512;
 
@@ -273,7 +273,7 @@ impl Running {
         // Close the environment now, so the partition can be opened again by
         // this process if it comes back.
         if let Ok(store) = Arc::try_unwrap(self.store) {
-            restore::close(store);
+            store.close();
         }
         tracing::info!(shard = self.shard, "shard stopped");
         match self.failure.take() {
