@@ -14,12 +14,12 @@ use std::sync::{Arc, Mutex};
 use adspend_common::types::SpendMessage;
 use tokio::sync::{mpsc, watch};
 
+use crate::checkpoint::delta::Changes;
 pub use crate::config::DedupeLimits;
 use crate::dedupe::{self, IdSet, ShardOrder};
-use crate::delta::Changes;
 use crate::error::Error;
 use crate::fence::Validity;
-pub use crate::handoff::{CheckpointRequest, Dirty, DirtyState, Incoming};
+pub use crate::shard::handoff::{CheckpointRequest, Dirty, DirtyState, Incoming};
 use crate::store::Store;
 #[cfg(test)] // named by the tests through `super::*`
 use {crate::store::parse_lifetime, adspend_common::types::LIFETIME_BUCKET};
@@ -75,7 +75,7 @@ pub struct Writer {
     /// In cluster mode, the lease this writer applies under: no commit once
     /// it has lapsed.
     lease: Option<Arc<Validity>>,
-    /// What changed since the last checkpoint took it ([`crate::delta`]),
+    /// What changed since the last checkpoint took it ([`crate::checkpoint::delta`]),
     /// updated under the same lock as each commit.
     changes: Arc<Mutex<Changes>>,
     /// Where tuples set aside for overflow go, after their commit (to be

@@ -9,7 +9,7 @@ use adspend_common::env;
 use adspend_common::Error;
 use clap::Parser;
 
-use crate::snapshot_store::SnapshotStore;
+use crate::checkpoint::snapshot_store::SnapshotStore;
 
 /// Environment variable of [`Config::accept_loss`]. Its own here (not in
 /// `adspend_common::env`, which is maintained elsewhere); docs/CONFIGURATION.md
@@ -33,7 +33,7 @@ pub struct ShardSettings {
     pub max_deltas: usize,
     pub lmdb_map_size: usize,
     pub stream_replicas: usize,
-    /// Shards the operator allowed to be rebuilt at a loss ([`crate::missing`]).
+    /// Shards the operator allowed to be rebuilt at a loss ([`crate::checkpoint::missing`]).
     pub accept_loss: AcceptLoss,
 }
 

@@ -19,30 +19,32 @@
 //! sends the changed sums to the pacer. [`fence`] is the lease deadline the
 //! writer and the checkpointer obey in cluster mode. [`telemetry`] names the
 //! metrics of lost snapshots and failed checkpoints.
+//!
+//! Grouped by what they do: [`shard`] holds a shard's life with its
+//! [`consume`]r and [`handoff`]s; [`checkpoint`] holds durability
+//! ([`checkpointer`], [`delta`], [`record`], [`restore`], [`snapshot_store`],
+//! [`missing`]).
 
 pub mod apply;
 pub mod background;
-pub mod checkpointer;
+pub mod checkpoint;
 pub mod cluster;
 pub mod config;
-pub mod consume;
 pub mod dedupe;
-pub mod delta;
 pub mod error;
 pub mod fence;
-pub mod handoff;
-pub mod missing;
 pub mod push;
-pub mod record;
-pub mod restore;
 pub mod shard;
-pub mod snapshot_store;
 pub mod store;
 pub mod telemetry;
 
+// The paths other crates name, from before the modules were grouped.
+pub use checkpoint::{checkpointer, delta, missing, record, restore, snapshot_store};
+pub use shard::{consume, handoff};
+
 use std::net::SocketAddr;
 
-use crate::record::CheckpointStore;
+use crate::checkpoint::record::CheckpointStore;
 use adspend_common::nats;
 use adspend_common::service::{self, Context, Service};
 

@@ -8,12 +8,12 @@
 //!
 //! [`start`] returns a [`ShardHandle`] to hand the shard over, abandon it
 //! or wait for it. Its life, in phases: [`open`] takes ownership (a new
-//! owner epoch), restores ([`crate::restore`]: warm from the local LMDB, or
-//! cold from the recorded snapshot; [`crate::missing`] if that snapshot is
+//! owner epoch), restores ([`crate::checkpoint::restore`]: warm from the local LMDB, or
+//! cold from the recorded snapshot; [`crate::checkpoint::missing`] if that snapshot is
 //! gone) and checks the stream's bounds; [`parts`] starts four parts:
-//! [`crate::consume`] reads `SPEND` from the next sequence and feeds
+//! [`crate::shard::consume`] reads `SPEND` from the next sequence and feeds
 //! [`crate::apply`]'s writer thread; on a marker the writer asks
-//! [`crate::checkpointer`] for a snapshot, and after every commit
+//! [`crate::checkpoint::checkpointer`] for a snapshot, and after every commit
 //! [`crate::push`] sends the changed sums to the pacer; then, once asked to
 //! stop or failed, it winds them down in order, with a last checkpoint on a
 //! handover.
@@ -29,16 +29,18 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::checkpoint::missing;
+use crate::checkpoint::record::{CheckpointRecord, CheckpointStore};
+use crate::checkpoint::restore::Start;
+use crate::checkpoint::snapshot_store::SnapshotStore;
 use crate::config::ShardSettings;
 use crate::error::Error;
 use crate::fence::Validity;
-use crate::record::{CheckpointRecord, CheckpointStore};
-use crate::restore::Start;
-use crate::snapshot_store::SnapshotStore;
 use crate::store::Store;
 use crate::telemetry::ShardGauges;
-use crate::{consume, missing};
 
+pub mod consume;
+pub mod handoff;
 mod parts;
 
 /// One shard to run.

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use crate::record::CheckpointStore;
+use crate::checkpoint::record::CheckpointStore;
 use adspend_common::telemetry::{
     AGGREGATOR_FAILOVER_SECONDS, AGGREGATOR_HANDOVER_SECONDS, AGGREGATOR_OWNED_PARTITIONS,
     AGGREGATOR_REBALANCES_TOTAL,

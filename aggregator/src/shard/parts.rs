@@ -18,15 +18,16 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
+use super::consume;
 use super::{hex, Opened, Started, Stop};
 use crate::apply::{self, Dirty, Overflowed, Writer};
-use crate::checkpointer::Checkpointer;
-use crate::delta::Changes;
+use crate::checkpoint::checkpointer::Checkpointer;
+use crate::checkpoint::delta::Changes;
+use crate::checkpoint::record::CheckpointRecord;
 use crate::error::Error;
-use crate::record::CheckpointRecord;
+use crate::push;
 use crate::store::Store;
 use crate::telemetry::ShardGauges;
-use crate::{consume, push};
 
 const INCOMING_QUEUE: usize = 512;
 

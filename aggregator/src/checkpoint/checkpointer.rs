@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::record::{CheckpointRecord, CheckpointStore, DeltaRef};
-use crate::snapshot_store::SnapshotStore;
+use crate::checkpoint::record::{CheckpointRecord, CheckpointStore, DeltaRef};
+use crate::checkpoint::snapshot_store::SnapshotStore;
 use adspend_common::telemetry::{
     CHECKPOINTS_COALESCED_TOTAL, CHECKPOINTS_TOTAL, CHECKPOINT_SECONDS,
     CHECKPOINT_UPLOADED_BYTES_TOTAL, SNAPSHOT_BYTES,
@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::apply::CheckpointRequest;
-use crate::delta::Changes;
+use crate::checkpoint::delta::Changes;
 use crate::error::Error;
 use crate::fence::Validity;
 use crate::store::{Store, DATA_FILE};
