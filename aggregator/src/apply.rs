@@ -36,7 +36,7 @@ const MAX_EVICT_PER_TXN: u64 = 100_000;
 /// past u64 micros. Checking the lifetime sum is enough: every tuple adds to
 /// it, so no bucket sum exceeds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Overflowed {
+pub(crate) struct Overflowed {
     pub seq: u64,
     pub limit: String,
     pub bucket: u32,
@@ -126,14 +126,14 @@ impl Writer {
 
     /// Label the writer's gauges with `shard` and, in cluster mode, refuse to
     /// commit once `lease` has lapsed.
-    pub fn for_shard(mut self, shard: &str, lease: Option<Arc<Validity>>) -> Self {
+    pub(crate) fn for_shard(mut self, shard: &str, lease: Option<Arc<Validity>>) -> Self {
         self.shard = shard.to_string();
         self.lease = lease;
         self
     }
 
     /// Send tuples set aside for overflow to `tx` once their group commits.
-    pub fn with_overflow_sink(mut self, tx: mpsc::UnboundedSender<Overflowed>) -> Self {
+    pub(crate) fn with_overflow_sink(mut self, tx: mpsc::UnboundedSender<Overflowed>) -> Self {
         self.overflowed = Some(tx);
         self
     }

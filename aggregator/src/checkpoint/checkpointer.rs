@@ -30,7 +30,7 @@ use crate::telemetry::CHAIN_LOST_TOTAL;
 
 mod failures;
 
-pub use failures::{Failing, Reason};
+pub(crate) use failures::{Failing, Reason};
 
 pub struct Checkpointer {
     pub store: Arc<Store>,
