@@ -9,14 +9,33 @@ use adspend_common::env;
 use adspend_common::Error;
 use clap::Parser;
 
-use crate::apply::DedupeLimits;
-use crate::shard::Settings;
-use crate::snapshot_store::SnapshotStore;
+use crate::checkpoint::snapshot_store::SnapshotStore;
 
 /// Environment variable of [`Config::accept_loss`]. Its own here (not in
 /// `adspend_common::env`, which is maintained elsewhere); docs/CONFIGURATION.md
 /// has its row.
 pub const ACCEPT_LOSS: &str = "ADSPEND_AGGREGATOR_ACCEPT_LOSS";
+
+/// The dedupe window, bounded by stream time and by id count.
+#[derive(Clone, Copy, Debug)]
+pub struct DedupeLimits {
+    pub window_ms: u64,
+    pub max_ids: u64,
+}
+
+/// Settings every shard of a process shares.
+#[derive(Clone, Debug)]
+pub struct ShardSettings {
+    pub dedupe: DedupeLimits,
+    pub push_interval: Duration,
+    pub snapshots_kept: usize,
+    /// Deltas on one base before a checkpoint copies a new base.
+    pub max_deltas: usize,
+    pub lmdb_map_size: usize,
+    pub stream_replicas: usize,
+    /// Shards the operator allowed to be rebuilt at a loss ([`crate::checkpoint::missing`]).
+    pub accept_loss: AcceptLoss,
+}
 
 /// The shards an operator allowed to be rebuilt at a loss
 /// ([`Config::accept_loss`]): each one only at the checkpoint named.
@@ -243,8 +262,8 @@ impl Config {
         Duration::from_millis(self.lease_ttl_ms)
     }
 
-    pub fn shard_settings(&self) -> Settings {
-        Settings {
+    pub fn shard_settings(&self) -> ShardSettings {
+        ShardSettings {
             dedupe: self.dedupe(),
             push_interval: self.push_interval(),
             snapshots_kept: self.snapshots_kept,

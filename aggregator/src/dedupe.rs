@@ -16,7 +16,7 @@ use crate::store::Store;
 
 /// Passes the low 64 bits of a `u128` id through as its hash.
 #[derive(Default)]
-pub struct IdHasher(u64);
+pub(crate) struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
@@ -96,7 +96,11 @@ impl IdSet {
     /// the TLB and cache. Within a shard the ids keep their order, and an
     /// id's answer depends only on the ids equal to it before it, which are
     /// all in its shard: hence the same answers.
-    pub fn insert_in_shard_order(&mut self, ids: &[u128], scratch: &mut ShardOrder) -> usize {
+    pub(crate) fn insert_in_shard_order(
+        &mut self,
+        ids: &[u128],
+        scratch: &mut ShardOrder,
+    ) -> usize {
         let ShardOrder { fresh, order } = scratch;
         let mut starts = [0u32; SHARDS + 1];
         for &id in ids {
@@ -152,7 +156,7 @@ impl IdSet {
     /// covers its part of `bound` (the most ids the window is meant to hold)
     /// is left to grow by itself if it must, so the set at its bound is no
     /// larger than without this.
-    pub fn grow_ahead(&mut self, bound: usize) -> usize {
+    pub(crate) fn grow_ahead(&mut self, bound: usize) -> usize {
         let per_shard = bound.div_ceil(SHARDS);
         let mut rehashed = 0;
         let mut grown = 0;
@@ -194,7 +198,7 @@ impl IdSet {
 /// What [`IdSet::insert_in_shard_order`] answers, and its working space,
 /// kept between calls so a group allocates nothing.
 #[derive(Debug, Default)]
-pub struct ShardOrder {
+pub(crate) struct ShardOrder {
     /// Whether each id was new.
     pub fresh: Vec<bool>,
     order: Vec<u32>,
@@ -270,12 +274,12 @@ impl Drop for Bulk<'_> {
 }
 
 /// An id as the set keys it.
-pub fn id_key(id: &[u8; 16]) -> u128 {
+pub(crate) fn id_key(id: &[u8; 16]) -> u128 {
     u128::from_be_bytes(*id)
 }
 
 /// Iterates the packed ids of one log entry.
-pub fn packed_ids(value: &[u8]) -> impl Iterator<Item = u128> + '_ {
+pub(crate) fn packed_ids(value: &[u8]) -> impl Iterator<Item = u128> + '_ {
     value
         .chunks_exact(16)
         .map(|chunk| u128::from_be_bytes(chunk.try_into().expect("16-byte chunk")))

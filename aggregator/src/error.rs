@@ -51,7 +51,7 @@ pub enum Error {
 
     /// The store answered, and the object the checkpoint record names (the
     /// base or one of its deltas) is not there: not an outage, a loss
-    /// ([`crate::missing`] decides the way out).
+    /// ([`crate::checkpoint::missing`] decides the way out).
     #[error("snapshot {url}/{key}, named by checkpoint {checkpoint_id} (sequence {seq}), is gone from the store")]
     SnapshotMissing {
         url: String,

@@ -10,39 +10,43 @@
 //!
 //! A shard restores its state ([`restore`]: warm from the local LMDB of
 //! [`store`], or cold from the snapshot its checkpoint record names; when
-//! that snapshot is gone, [`missing`] rebuilds it from the stream or waits
-//! visibly for an operator), then
-//! [`consume`] reads `SPEND` and feeds [`apply`]'s single writer thread
-//! (hand-offs in [`handoff`], the dedupe window in [`dedupe`]), which commits
-//! each group of messages in one LMDB transaction; on a marker the writer
-//! asks [`checkpointer`] for a snapshot, and after every commit [`push`]
-//! sends the changed sums to the pacer. [`fence`] is the lease deadline the
-//! writer and the checkpointer obey in cluster mode. [`telemetry`] names the
-//! metrics of lost snapshots and failed checkpoints.
+//! that snapshot is gone, [`missing`](checkpoint::missing) rebuilds it from
+//! the stream or waits visibly for an operator), then
+//! [`consume`](shard::consume) reads `SPEND` and feeds [`apply`]'s single
+//! writer thread (hand-offs in [`handoff`](shard::handoff), the dedupe
+//! window in [`dedupe`]), which commits each group of messages in one LMDB
+//! transaction; on a marker the writer asks [`checkpointer`] for a
+//! snapshot, and after every commit [`push`] sends the changed sums to the
+//! pacer. [`fence`] is the lease deadline the writer and the checkpointer
+//! obey in cluster mode. [`telemetry`] names the metrics of lost snapshots
+//! and failed checkpoints.
+//!
+//! Grouped by what they do: [`shard`] holds a shard's life with its
+//! consumer and hand-offs; [`checkpoint`] holds durability
+//! ([`checkpointer`], [`delta`](checkpoint::delta), [`record`],
+//! [`restore`], [`snapshot_store`], [`missing`](checkpoint::missing)).
+//! Other crates see [`run`], [`Config`], [`apply`], [`dedupe`], [`store`]
+//! and the checkpoint modules they open snapshots with.
 
 pub mod apply;
-pub mod background;
-pub mod checkpointer;
-pub mod cluster;
-pub mod config;
-pub mod consume;
+pub(crate) mod background;
+pub(crate) mod checkpoint;
+pub(crate) mod cluster;
+pub(crate) mod config;
 pub mod dedupe;
-pub mod delta;
-pub mod error;
-pub mod fence;
-pub mod handoff;
-pub mod missing;
-pub mod push;
-pub mod record;
-pub mod restore;
-pub mod shard;
-pub mod snapshot_store;
+pub(crate) mod error;
+pub(crate) mod fence;
+pub(crate) mod push;
+pub(crate) mod shard;
 pub mod store;
-pub mod telemetry;
+pub(crate) mod telemetry;
+
+// What other crates name (the tests crate's benches and recovery tests).
+pub use checkpoint::{checkpointer, record, restore, snapshot_store};
 
 use std::net::SocketAddr;
 
-use crate::record::CheckpointStore;
+use crate::checkpoint::record::CheckpointStore;
 use adspend_common::nats;
 use adspend_common::service::{self, Context, Service};
 
@@ -110,7 +114,7 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
         settings: config.shard_settings(),
         lease: None,
     };
-    let result = shard::run(spec, shard::Stop::new(shutdown), None).await;
+    let result = shard::start(spec, &shutdown, &tasks, None).join().await;
     tracing::info!("aggregator stopped");
     result
 }

@@ -38,6 +38,9 @@ const META_LINEAGE: &str = "lineage";
 /// more than one in this many keys.
 const WALK_RATIO: u64 = 16;
 
+/// File name of the LMDB data file, in snapshots as in the environment.
+pub(crate) const DATA_FILE: &str = "data.mdb";
+
 /// Virtual address space reserved for the map; the file grows as needed.
 pub const DEFAULT_MAP_SIZE: usize = 64 << 30;
 
@@ -52,7 +55,7 @@ pub struct Store {
 
 /// `[len u8][limit][bucket u32 BE]`: the length prefix keeps one limit's
 /// buckets together and apart from limits that share a prefix.
-pub fn sum_key(limit: &str, bucket: u32) -> Vec<u8> {
+pub(crate) fn sum_key(limit: &str, bucket: u32) -> Vec<u8> {
     let mut key = Vec::with_capacity(1 + limit.len() + 4);
     key.push(limit.len() as u8);
     key.extend_from_slice(limit.as_bytes());
@@ -60,7 +63,7 @@ pub fn sum_key(limit: &str, bucket: u32) -> Vec<u8> {
     key
 }
 
-pub fn parse_sum_key(key: &[u8]) -> Option<(&str, u32)> {
+pub(crate) fn parse_sum_key(key: &[u8]) -> Option<(&str, u32)> {
     let (&len, rest) = key.split_first()?;
     let len = len as usize;
     if rest.len() != len + 4 {
@@ -72,7 +75,7 @@ pub fn parse_sum_key(key: &[u8]) -> Option<(&str, u32)> {
 }
 
 /// A `lifetime` value: micros and tuples, big-endian.
-pub fn lifetime_value(micros: u64, events: u64) -> [u8; 16] {
+pub(crate) fn lifetime_value(micros: u64, events: u64) -> [u8; 16] {
     let mut value = [0u8; 16];
     value[..8].copy_from_slice(&micros.to_be_bytes());
     value[8..].copy_from_slice(&events.to_be_bytes());
@@ -92,7 +95,7 @@ pub fn parse_lifetime(value: &[u8]) -> Option<(u64, u64)> {
 
 /// Key of one dedupe log entry: stream time, then the first sequence the
 /// transaction applied (unique, since sequences only grow).
-pub fn log_key(time_ms: u64, first_seq: u64) -> [u8; 16] {
+pub(crate) fn log_key(time_ms: u64, first_seq: u64) -> [u8; 16] {
     let mut key = [0u8; 16];
     key[..8].copy_from_slice(&time_ms.to_be_bytes());
     key[8..].copy_from_slice(&first_seq.to_be_bytes());
@@ -100,13 +103,19 @@ pub fn log_key(time_ms: u64, first_seq: u64) -> [u8; 16] {
 }
 
 /// The stream time of a dedupe log key.
-pub fn log_key_time(key: &[u8]) -> u64 {
+pub(crate) fn log_key_time(key: &[u8]) -> u64 {
     key.get(..8)
         .and_then(|b| b.try_into().ok())
         .map_or(0, u64::from_be_bytes)
 }
 
 impl Store {
+    /// Close the environment now and wait until it is, so that its
+    /// directory can be opened again by this process.
+    pub(crate) fn close(self) {
+        self.env.prepare_for_closing().wait();
+    }
+
     /// Open (creating if needed) the environment in directory `path`.
     pub fn open(path: &Path, map_size: usize) -> Result<Store, Error> {
         std::fs::create_dir_all(path).map_err(adspend_common::Error::io("create", path))?;
@@ -195,7 +204,7 @@ impl Store {
         }
     }
 
-    pub fn set_last_applied_seq(&self, txn: &mut RwTxn<'_>, seq: u64) -> Result<(), Error> {
+    pub(crate) fn set_last_applied_seq(&self, txn: &mut RwTxn<'_>, seq: u64) -> Result<(), Error> {
         self.meta
             .put(txn, META_LAST_APPLIED_SEQ, &seq.to_be_bytes())
             .map_err(self.err("put last_applied_seq"))
@@ -223,7 +232,7 @@ impl Store {
     /// a cursor from the first key and overwrites each touched value in
     /// place: one sequential pass instead of two tree searches per key.
     /// Touching few, it looks each key up.
-    pub fn update_sorted<K, D, V>(
+    pub(crate) fn update_sorted<K, D, V>(
         &self,
         wtxn: &mut RwTxn<'_>,
         db: Database<'static, Bytes, Bytes>,

@@ -1,4 +1,5 @@
-//! Where the catalog comes from, and watching it for changes.
+//! Watching the catalog for changes, wherever it comes from
+//! ([`CatalogSource`], a setting parsed in [`crate::config`]).
 //!
 //! A file is polled (cheap, works on every filesystem and with editors that
 //! replace files); an etcd key is watched. A catalog that fails validation at
@@ -13,59 +14,15 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog::Catalog;
-use crate::config::EtcdArgs;
-use crate::env;
 use crate::error::{Error, Result};
 use crate::telemetry::{CATALOG_ERRORS_TOTAL, CATALOG_RELOADS_TOTAL};
 
+/// Where it stays for the services that name it here.
+pub use crate::config::CatalogSource;
+
 const FILE_POLL: Duration = Duration::from_millis(500);
 
-#[derive(Clone, Debug, PartialEq)]
-pub enum CatalogSource {
-    File(PathBuf),
-    Etcd { etcd: EtcdArgs, key: String },
-}
-
 impl CatalogSource {
-    /// `etcd:///<key>` or a path.
-    pub fn parse(value: &str, etcd: &EtcdArgs) -> Result<Self> {
-        if let Some(key) = value.strip_prefix("etcd://") {
-            if etcd.endpoints().is_empty() {
-                return Err(Error::Config {
-                    name: env::CATALOG,
-                    value: value.to_string(),
-                    reason: "an etcd catalog needs ADSPEND_ETCD_ENDPOINTS".into(),
-                });
-            }
-            if !key.starts_with('/') || key.len() < 2 {
-                return Err(Error::Config {
-                    name: env::CATALOG,
-                    value: value.to_string(),
-                    reason: "expected etcd:///<key>, e.g. etcd:///adspend/catalog".into(),
-                });
-            }
-            return Ok(CatalogSource::Etcd {
-                etcd: etcd.clone(),
-                key: key.to_string(),
-            });
-        }
-        if value.is_empty() {
-            return Err(Error::Config {
-                name: env::CATALOG,
-                value: value.into(),
-                reason: "empty".into(),
-            });
-        }
-        Ok(CatalogSource::File(PathBuf::from(value)))
-    }
-
-    pub fn describe(&self) -> String {
-        match self {
-            CatalogSource::File(path) => path.display().to_string(),
-            CatalogSource::Etcd { key, .. } => format!("etcd://{key}"),
-        }
-    }
-
     /// Load once, then keep the returned receiver up to date until `cancel`.
     pub async fn watch(self, cancel: CancellationToken) -> Result<watch::Receiver<Arc<Catalog>>> {
         match self {
@@ -257,6 +214,7 @@ fn key_deleted(key: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::EtcdArgs;
 
     const ONE: &str = r#"{"limits":{"a":{"budget_micros":1,"period":"daily"}},"ads":{"x":["a"]}}"#;
     const TWO: &str = r#"{"limits":{"a":{"budget_micros":2,"period":"daily"}},"ads":{"x":["a"]}}"#;
@@ -294,28 +252,5 @@ mod tests {
         assert!(!rx.has_changed().unwrap());
         assert_eq!(budget(&rx), 2);
         cancel.cancel();
-    }
-
-    #[test]
-    fn sources_parse_with_clear_errors() {
-        assert_eq!(
-            CatalogSource::parse(
-                "etcd:///adspend/catalog",
-                &EtcdArgs::plain("127.0.0.1:2379")
-            )
-            .unwrap(),
-            CatalogSource::Etcd {
-                etcd: EtcdArgs::plain("127.0.0.1:2379"),
-                key: "/adspend/catalog".into()
-            }
-        );
-        let err = CatalogSource::parse("etcd:///adspend/catalog", &EtcdArgs::default())
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains(env::ETCD_ENDPOINTS), "{err}");
-        let err = CatalogSource::parse("etcd://", &EtcdArgs::plain("e:1"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("etcd:///<key>"), "{err}");
     }
 }

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::catalog_source::CatalogSource;
 use crate::env;
 use crate::error::Error;
 
@@ -123,7 +122,7 @@ pub struct EtcdArgs {
 
 /// The PEM contents behind [`EtcdArgs`]' TLS settings, read and checked.
 #[derive(Clone)]
-pub struct EtcdTlsFiles {
+pub(crate) struct EtcdTlsFiles {
     pub ca: Vec<u8>,
     /// Client certificate and key, for mutual TLS.
     pub identity: Option<(Vec<u8>, Vec<u8>)>,
@@ -193,7 +192,7 @@ impl EtcdArgs {
     /// The TLS files, read and checked (`None` without ADSPEND_ETCD_TLS_CA).
     /// A wrong combination or an unreadable file is an error naming its
     /// setting; a file's contents are never part of the error.
-    pub fn tls_files(&self) -> Result<Option<EtcdTlsFiles>, Error> {
+    pub(crate) fn tls_files(&self) -> Result<Option<EtcdTlsFiles>, Error> {
         let identity = match (&self.etcd_tls_cert, &self.etcd_tls_key) {
             (Some(cert), Some(key)) => Some((
                 read_pem("ADSPEND_ETCD_TLS_CERT", cert, "-----BEGIN CERTIFICATE-----")?,
@@ -263,6 +262,56 @@ impl CatalogArgs {
     }
 }
 
+/// Where the catalog comes from: [`CatalogArgs`] parsed. A setting only;
+/// `catalog_source` watches it (that module depends on this one, never the
+/// other way).
+#[derive(Clone, Debug, PartialEq)]
+pub enum CatalogSource {
+    File(PathBuf),
+    Etcd { etcd: EtcdArgs, key: String },
+}
+
+impl CatalogSource {
+    /// `etcd:///<key>` or a path.
+    pub fn parse(value: &str, etcd: &EtcdArgs) -> Result<Self, Error> {
+        if let Some(key) = value.strip_prefix("etcd://") {
+            if etcd.endpoints().is_empty() {
+                return Err(Error::Config {
+                    name: env::CATALOG,
+                    value: value.to_string(),
+                    reason: "an etcd catalog needs ADSPEND_ETCD_ENDPOINTS".into(),
+                });
+            }
+            if !key.starts_with('/') || key.len() < 2 {
+                return Err(Error::Config {
+                    name: env::CATALOG,
+                    value: value.to_string(),
+                    reason: "expected etcd:///<key>, e.g. etcd:///adspend/catalog".into(),
+                });
+            }
+            return Ok(CatalogSource::Etcd {
+                etcd: etcd.clone(),
+                key: key.to_string(),
+            });
+        }
+        if value.is_empty() {
+            return Err(Error::Config {
+                name: env::CATALOG,
+                value: value.into(),
+                reason: "empty".into(),
+            });
+        }
+        Ok(CatalogSource::File(PathBuf::from(value)))
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            CatalogSource::File(path) => path.display().to_string(),
+            CatalogSource::Etcd { key, .. } => format!("etcd://{key}"),
+        }
+    }
+}
+
 #[derive(Args, Clone, Debug)]
 pub struct PartitionArgs {
     /// Number of spend partitions.
@@ -287,4 +336,32 @@ pub fn parse_addr(name: &'static str, value: &str) -> Result<std::net::SocketAdd
             value: value.to_string(),
             reason: e.to_string(),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_parse_with_clear_errors() {
+        assert_eq!(
+            CatalogSource::parse(
+                "etcd:///adspend/catalog",
+                &EtcdArgs::plain("127.0.0.1:2379")
+            )
+            .unwrap(),
+            CatalogSource::Etcd {
+                etcd: EtcdArgs::plain("127.0.0.1:2379"),
+                key: "/adspend/catalog".into()
+            }
+        );
+        let err = CatalogSource::parse("etcd:///adspend/catalog", &EtcdArgs::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(env::ETCD_ENDPOINTS), "{err}");
+        let err = CatalogSource::parse("etcd://", &EtcdArgs::plain("e:1"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("etcd:///<key>"), "{err}");
+    }
 }

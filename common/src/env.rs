@@ -5,20 +5,20 @@
 
 // Every service
 pub const NATS_URL: &str = "ADSPEND_NATS_URL";
-pub const NATS_USER: &str = "ADSPEND_NATS_USER";
-pub const NATS_PASSWORD: &str = "ADSPEND_NATS_PASSWORD";
-pub const NATS_TLS_CA: &str = "ADSPEND_NATS_TLS_CA";
-pub const NATS_TLS_CERT: &str = "ADSPEND_NATS_TLS_CERT";
-pub const NATS_TLS_KEY: &str = "ADSPEND_NATS_TLS_KEY";
-pub const ETCD_ENDPOINTS: &str = "ADSPEND_ETCD_ENDPOINTS";
-pub const ETCD_TLS_CA: &str = "ADSPEND_ETCD_TLS_CA";
-pub const ETCD_TLS_CERT: &str = "ADSPEND_ETCD_TLS_CERT";
-pub const ETCD_TLS_KEY: &str = "ADSPEND_ETCD_TLS_KEY";
+pub(crate) const NATS_USER: &str = "ADSPEND_NATS_USER";
+pub(crate) const NATS_PASSWORD: &str = "ADSPEND_NATS_PASSWORD";
+pub(crate) const NATS_TLS_CA: &str = "ADSPEND_NATS_TLS_CA";
+pub(crate) const NATS_TLS_CERT: &str = "ADSPEND_NATS_TLS_CERT";
+pub(crate) const NATS_TLS_KEY: &str = "ADSPEND_NATS_TLS_KEY";
+pub(crate) const ETCD_ENDPOINTS: &str = "ADSPEND_ETCD_ENDPOINTS";
+pub(crate) const ETCD_TLS_CA: &str = "ADSPEND_ETCD_TLS_CA";
+pub(crate) const ETCD_TLS_CERT: &str = "ADSPEND_ETCD_TLS_CERT";
+pub(crate) const ETCD_TLS_KEY: &str = "ADSPEND_ETCD_TLS_KEY";
 pub const METRICS_ADDR: &str = "ADSPEND_METRICS_ADDR";
-pub const FAILPOINTS: &str = "ADSPEND_FAILPOINTS";
+pub(crate) const FAILPOINTS: &str = "ADSPEND_FAILPOINTS";
 
 // Limiter and aggregator
-pub const STREAM_REPLICAS: &str = "ADSPEND_STREAM_REPLICAS";
+pub(crate) const STREAM_REPLICAS: &str = "ADSPEND_STREAM_REPLICAS";
 pub const PARTITIONS: &str = "ADSPEND_PARTITIONS";
 
 // Limiter and pacer

@@ -104,6 +104,22 @@ pub enum Error {
     },
 }
 
+/// The wire crate's errors are the variants of the same name, same text.
+impl From<adspend_wire::Error> for Error {
+    fn from(error: adspend_wire::Error) -> Self {
+        match error {
+            adspend_wire::Error::Decode { what, reason } => Error::Decode { what, reason },
+            adspend_wire::Error::Catalog {
+                source_name,
+                reason,
+            } => Error::Catalog {
+                source_name,
+                reason,
+            },
+        }
+    }
+}
+
 impl Error {
     pub fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();

@@ -45,7 +45,7 @@ pub async fn connect(etcd: &EtcdArgs) -> Result<Client> {
             .map_err(|e| fail(with_tls_hint(describe(&e), tls)))?;
         loop {
             match client.status().await {
-                Ok(_) => return Ok(client),
+                Ok(_) => return Ok::<_, Error>(client),
                 Err(e) if endpoints.len() > 1 => {
                     *last_error.lock().expect("last error") = Some(describe(&e));
                     tokio::time::sleep(Duration::from_millis(250)).await;

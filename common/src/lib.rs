@@ -6,13 +6,12 @@
 //! and checkpoint records, which only it uses and so keeps) → `pacer` (reads
 //! [`types::SumsUpdate`] pushes; the limiter also reports its per-source
 //! scheduling to the pacer as [`source_report::SourcesReport`]s).
-//! [`config`], [`telemetry`], [`shutdown`] and [`failpoint`] are the same
-//! plumbing in every service,
-//! [`service`] is the `main` they share and [`env`] names every setting.
+//! [`config`], [`telemetry`], [`failpoint`] and the signal handling of
+//! `shutdown` are the same plumbing in every service, [`service`] is the
+//! `main` they share and [`env`] names every setting. The wire format and
+//! catalog are `adspend-wire`'s, re-exported here under their old paths.
 
-pub mod catalog;
 pub mod catalog_source;
-pub mod codec;
 pub mod config;
 pub mod env;
 pub mod error;
@@ -20,10 +19,12 @@ pub mod etcd;
 pub mod failpoint;
 pub mod nats;
 pub mod service;
-pub mod shutdown;
-pub mod source_report;
+pub(crate) mod shutdown;
 pub mod telemetry;
-pub mod types;
+
+// The wire format and catalog live in `adspend-wire` (no network or runtime
+// dependencies); their paths under this crate stay as they were.
+pub use adspend_wire::{catalog, codec, source_report, types};
 
 pub use error::{Error, Result};
 

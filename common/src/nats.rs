@@ -13,19 +13,19 @@ use crate::telemetry::NATS_UNAUTHENTICATED;
 pub const IMPRESSIONS_STREAM: &str = "IMPRESSIONS";
 pub const IMPRESSIONS_SUBJECTS: &str = "impressions.>";
 pub const SPEND_STREAM: &str = "SPEND";
-pub const SPEND_SUBJECTS: &str = "spend.*";
+pub(crate) const SPEND_SUBJECTS: &str = "spend.*";
 pub const DEADLETTER_STREAM: &str = "DEADLETTER";
-pub const DEADLETTER_SUBJECTS: &str = "deadletter.>";
+pub(crate) const DEADLETTER_SUBJECTS: &str = "deadletter.>";
 pub const ALERTS_STREAM: &str = "ALERTS";
 pub const ALERTS_SUBJECTS: &str = "adspend.alerts.>";
 /// Budget alerts per limit on `ALERTS` (`adspend.alerts.<limit id>`).
-pub const ALERTS_SUBJECT_PREFIX: &str = "adspend.alerts";
+pub(crate) const ALERTS_SUBJECT_PREFIX: &str = "adspend.alerts";
 /// How long `ALERTS` remembers a message id: a second announcement of the
 /// same crossing within it is dropped by the server. Past it, announcers
 /// compare with the subject's last message instead (docs/ALERTS.md).
-pub const ALERTS_DUPLICATE_WINDOW: Duration = Duration::from_secs(48 * 3600);
+pub(crate) const ALERTS_DUPLICATE_WINDOW: Duration = Duration::from_secs(48 * 3600);
 /// Alerts kept per limit (the newest; the last one always).
-pub const ALERTS_PER_LIMIT: i64 = 1000;
+pub(crate) const ALERTS_PER_LIMIT: i64 = 1000;
 /// Core NATS subject prefix for sum pushes (aggregator → pacer).
 pub const SUMS_SUBJECT_PREFIX: &str = "adspend.sums";
 /// Core NATS subject on which a pacer asks every aggregator for its full state.

@@ -34,7 +34,7 @@ use crate::{shutdown, telemetry};
 /// How long, once shutdown is signalled, the service's `run` and then every
 /// task it tracked may take to finish. Past it they are abandoned, as a
 /// crash would abandon them (which loses nothing), with a warning.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
 /// Longest a `/metrics` request may take, from its first byte to the answer.
 const METRICS_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);

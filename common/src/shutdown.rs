@@ -5,7 +5,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
 /// A token cancelled on the first SIGTERM or SIGINT.
-pub fn on_signals() -> std::io::Result<CancellationToken> {
+pub(crate) fn on_signals() -> std::io::Result<CancellationToken> {
     let token = CancellationToken::new();
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;

@@ -18,7 +18,7 @@ use tracing_subscriber::EnvFilter;
 // every service
 /// 1 when the NATS server this service connected to lets clients in without
 /// authentication (anyone reaching it may publish anything), else 0.
-pub const NATS_UNAUTHENTICATED: &str = "adspend_nats_unauthenticated";
+pub(crate) const NATS_UNAUTHENTICATED: &str = "adspend_nats_unauthenticated";
 
 // limiter
 pub const IMPRESSIONS_TOTAL: &str = "adspend_limiter_impressions_total";
@@ -33,8 +33,8 @@ pub const LIMITER_SET_ASIDE_TOTAL: &str = "adspend_limiter_set_aside_total";
 pub const TUPLES_EMITTED_TOTAL: &str = "adspend_limiter_tuples_emitted_total";
 pub const SPEND_MESSAGES_TOTAL: &str = "adspend_limiter_spend_messages_total";
 pub const MARKERS_TOTAL: &str = "adspend_limiter_markers_total";
-pub const CATALOG_RELOADS_TOTAL: &str = "adspend_catalog_reloads_total";
-pub const CATALOG_ERRORS_TOTAL: &str = "adspend_catalog_errors_total";
+pub(crate) const CATALOG_RELOADS_TOTAL: &str = "adspend_catalog_reloads_total";
+pub(crate) const CATALOG_ERRORS_TOTAL: &str = "adspend_catalog_errors_total";
 // limiter, fair scheduling among sources (gauges labelled `source`)
 /// The source's share of the limiter's usage over the sliding window, 0..=1.
 pub const LIMITER_SOURCE_USAGE_SHARE: &str = "adspend_limiter_source_usage_share";
@@ -95,7 +95,7 @@ pub const PACER_LAG_SECONDS: &str = "adspend_pacer_lag_seconds";
 /// impression to the pacer holding the sums (a histogram).
 pub const PACER_FRESHNESS_SECONDS: &str = "adspend_pacer_freshness_seconds";
 /// Bucket bounds of [`PACER_FRESHNESS_SECONDS`].
-pub const FRESHNESS_BUCKETS: &[f64] = &[
+pub(crate) const FRESHNESS_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75,
     1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
 ];
@@ -112,20 +112,20 @@ pub const PACER_INPUT_LAG_SECONDS: &str = "adspend_pacer_input_lag_seconds";
 pub const PACER_HTTP_REFUSED_TOTAL: &str = "adspend_pacer_http_refused_total";
 
 /// Bucket bounds of the ownership histograms (handover, failover).
-pub const OWNERSHIP_BUCKETS: &[f64] = &[
+pub(crate) const OWNERSHIP_BUCKETS: &[f64] = &[
     0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0,
 ];
 
 /// Bucket bounds of [`CHECKPOINT_SECONDS`]: a delta takes tens of
 /// milliseconds, a base of a large store minutes.
-pub const CHECKPOINT_BUCKETS: &[f64] = &[
+pub(crate) const CHECKPOINT_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
 /// Every histogram with its bucket bounds. A histogram missing here would be
 /// exported as a summary (quantiles that cannot be aggregated across
 /// processes); a test checks that every `histogram!` is listed.
-pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
+pub(crate) const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
     (CHECKPOINT_SECONDS, CHECKPOINT_BUCKETS),
     (AGGREGATOR_HANDOVER_SECONDS, OWNERSHIP_BUCKETS),
     (AGGREGATOR_FAILOVER_SECONDS, OWNERSHIP_BUCKETS),
@@ -277,7 +277,7 @@ pub fn init_tracing() {
 /// Install the global Prometheus recorder. Returns the handle whose
 /// `render()` the services serve as `/metrics` on listeners they bound
 /// themselves ([`crate::service`]).
-pub fn install_metrics() -> PrometheusHandle {
+pub(crate) fn install_metrics() -> PrometheusHandle {
     let recorder = with_histogram_buckets(PrometheusBuilder::new())
         .expect("every bucket list is non-empty")
         .build_recorder();
@@ -301,7 +301,10 @@ mod tests {
             .filter_map(|item| {
                 // One line however rustfmt wrapped it.
                 let item = item.split_whitespace().collect::<Vec<_>>().join(" ");
-                let rest = item.split("pub const ").nth(1)?;
+                let rest = item
+                    .split_once("pub const ")
+                    .or_else(|| item.split_once("pub(crate) const "))?
+                    .1;
                 let (ident, value) = rest.split_once(": &str = \"")?;
                 let value = value.strip_suffix('"')?;
                 Some((ident.to_string(), value.to_string()))

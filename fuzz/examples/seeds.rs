@@ -10,12 +10,10 @@
 use std::fs;
 use std::path::Path;
 
-use adspend_common::catalog::Catalog;
-use adspend_common::codec::{encode_spend, encode_sums};
-use adspend_common::types::{
-    CheckpointMarker, SpendMessage, SumEntry, SumsUpdate, LIFETIME_BUCKET,
-};
 use adspend_limiter::emit::{Input, Output};
+use adspend_wire::catalog::Catalog;
+use adspend_wire::codec::{encode_spend, encode_sums};
+use adspend_wire::types::{CheckpointMarker, SpendMessage, SumEntry, SumsUpdate, LIFETIME_BUCKET};
 
 const CATALOG: &str = include_str!("../../deploy/catalog.example.json");
 

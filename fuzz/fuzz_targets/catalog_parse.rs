@@ -1,4 +1,4 @@
-//! The catalog parser (common/src/catalog.rs `Catalog::parse`) and the
+//! The catalog parser (wire/src/catalog.rs `Catalog::parse`) and the
 //! period arithmetic every limit of a parsed catalog is used with.
 //!
 //! A catalog that parses respects the contract: limit and ad ids 1..=64
@@ -14,8 +14,8 @@
 
 use std::sync::Arc;
 
-use adspend_common::catalog::{day_start, local_day, Catalog, Limit, Period};
-use adspend_common::types::{LIFETIME_BUCKET, MAX_ID_LEN};
+use adspend_wire::catalog::{day_start, local_day, Catalog, Limit, Period};
+use adspend_wire::types::{LIFETIME_BUCKET, MAX_ID_LEN};
 use chrono::{DateTime, NaiveDate};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Map, Value};

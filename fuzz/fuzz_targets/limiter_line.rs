@@ -13,12 +13,12 @@
 
 use std::sync::OnceLock;
 
-use adspend_common::catalog::Catalog;
-use adspend_common::codec::decode_spend;
-use adspend_common::types::{MsgId, SpendMessage, MAX_ID_LEN};
 use adspend_limiter::dead_letter;
 use adspend_limiter::emit::{Input, Output};
 use adspend_limiter::validate::{parse_line, Impression, Rejection};
+use adspend_wire::catalog::Catalog;
+use adspend_wire::codec::decode_spend;
+use adspend_wire::types::{MsgId, SpendMessage, MAX_ID_LEN};
 use libfuzzer_sys::fuzz_target;
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::{Map, Value};

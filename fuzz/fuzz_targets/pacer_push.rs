@@ -1,5 +1,5 @@
 //! The pacer's push decoder (pacer/src/ingest.rs `decode_push`, over
-//! common/src/codec.rs `decode_sums`): what the pacer runs on every message
+//! wire/src/codec.rs `decode_sums`): what the pacer runs on every message
 //! of `sums.>` before folding it into the spend state.
 //!
 //! Raw: the bytes are one push; whatever decodes respects the contract
@@ -15,10 +15,10 @@
 
 use std::collections::HashMap;
 
-use adspend_common::codec::{decode_sums, encode_sums};
-use adspend_common::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET, MAX_ID_LEN};
 use adspend_pacer::ingest::decode_push;
 use adspend_pacer::state::SpendState;
+use adspend_wire::codec::{decode_sums, encode_sums};
+use adspend_wire::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET, MAX_ID_LEN};
 use arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
 

@@ -1,4 +1,4 @@
-//! The SPEND message decoder (common/src/codec.rs `decode_spend`).
+//! The SPEND message decoder (wire/src/codec.rs `decode_spend`).
 //!
 //! Two readings of each input. Raw: the bytes are a message; whatever
 //! decodes has every tuple's limit index in range and every limit id within
@@ -8,8 +8,8 @@
 //! (owned and borrowed encoders agree) when valid and be refused when not.
 #![no_main]
 
-use adspend_common::codec::{decode_spend, encode_spend, encode_spend_ref};
-use adspend_common::types::{
+use adspend_wire::codec::{decode_spend, encode_spend, encode_spend_ref};
+use adspend_wire::types::{
     CheckpointMarker, MsgId, SpendBatch, SpendBatchRef, SpendMessage, SpendMessageRef, SpendTuple,
     MAX_ID_LEN,
 };

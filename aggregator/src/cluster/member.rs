@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use adspend_common::telemetry::AGGREGATOR_OWNED_PARTITIONS;
 use etcd_client::{Client, GetOptions, PutOptions, WatchOptions};
 use tokio::sync::{mpsc, Notify};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -54,8 +53,7 @@ pub(super) enum Stopping {
 }
 
 pub(super) struct Running {
-    pub(super) stop: shard::Stop,
-    pub(super) task: JoinHandle<Result<(), Error>>,
+    pub(super) shard: shard::ShardHandle,
     pub(super) stopping: Stopping,
     pub(super) kind: Kind,
     pub(super) wanted_since: Instant,
@@ -66,6 +64,10 @@ pub(super) struct Member {
     pub(super) ctx: Arc<Context>,
     pub(super) lease: lease::Lease,
     pub(super) running: BTreeMap<u32, Running>,
+    /// The parent of every partition's stop token: the member's shards
+    /// are one cancellation tree. Not the shutdown token: shutdown hands
+    /// partitions over ([`Member::stop_all`]) rather than abandoning them.
+    pub(super) shards: CancellationToken,
     /// Partitions assigned here by the last reconcile.
     pub(super) assigned: BTreeSet<u32>,
     /// When each assigned partition not yet applying here was first assigned.
@@ -95,6 +97,7 @@ impl Member {
             ctx,
             lease,
             running: BTreeMap::new(),
+            shards: CancellationToken::new(),
             assigned: BTreeSet::new(),
             wanted_since: HashMap::new(),
             last_owner: HashMap::new(),
@@ -286,19 +289,18 @@ impl Member {
     pub(super) async fn stop_all(&mut self, hand_over: bool) -> Vec<u32> {
         for running in self.running.values() {
             if hand_over {
-                running.stop.hand_over();
+                running.shard.hand_over();
             } else {
-                running.stop.abandon();
+                running.shard.abandon();
             }
         }
         let mut clean = Vec::new();
         for (partition, running) in std::mem::take(&mut self.running) {
-            match running.task.await {
-                Ok(Ok(())) => clean.push(partition),
-                Ok(Err(e)) => {
+            match running.shard.join().await {
+                Ok(()) => clean.push(partition),
+                Err(e) => {
                     tracing::warn!(partition, error = %e, "partition stopped with an error")
                 }
-                Err(e) => tracing::warn!(partition, error = %e, "partition task failed"),
             }
         }
         clean

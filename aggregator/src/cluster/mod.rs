@@ -32,15 +32,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::snapshot_store::SnapshotStore;
+use crate::checkpoint::snapshot_store::SnapshotStore;
 use adspend_common::telemetry::AGGREGATOR_LEASES_LOST_TOTAL;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::Config;
+use crate::config::{Config, ShardSettings};
 use crate::error::Error;
-use crate::shard;
 use member::{Member, Served};
 
 pub const MEMBERS_PREFIX: &str = "/adspend/members/";
@@ -71,7 +70,7 @@ pub(super) struct Context {
     pub(super) id: String,
     pub(super) partitions: u32,
     pub(super) data_dir: PathBuf,
-    pub(super) settings: shard::Settings,
+    pub(super) settings: ShardSettings,
     pub(super) snapshots: SnapshotStore,
     pub(super) nats: async_nats::Client,
     pub(super) etcd: Client,

@@ -6,14 +6,13 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use crate::record::CheckpointStore;
+use crate::checkpoint::record::CheckpointStore;
 use adspend_common::telemetry::{
     AGGREGATOR_FAILOVER_SECONDS, AGGREGATOR_HANDOVER_SECONDS, AGGREGATOR_OWNED_PARTITIONS,
     AGGREGATOR_REBALANCES_TOTAL,
 };
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
 
 use super::member::{lease_lost, Kind, Member, Running, Stopping};
 use super::{assignment, etcd_err, owner_key, PARTITION_RETRY};
@@ -70,11 +69,11 @@ impl Member {
                     owner = owner.map_or("none", |o| o.0.as_str()),
                     "owner key is no longer ours; stopping the partition"
                 );
-                running.stop.abandon();
+                running.shard.abandon();
                 running.stopping = Stopping::Abandon;
             } else if !assigned.contains(partition) {
                 tracing::info!(partition, "assigned elsewhere; handing over");
-                running.stop.hand_over();
+                running.shard.hand_over();
                 running.stopping = Stopping::Handover(Instant::now());
             }
         }
@@ -171,22 +170,13 @@ impl Member {
             settings: self.ctx.settings.clone(),
             lease: Some(self.lease.validity.clone()),
         };
-        let stop = shard::Stop::new(CancellationToken::new());
+        let (tx, rx) = oneshot::channel();
+        let shard = shard::start(spec, &self.shards, &self.ctx.tasks, Some(tx));
         let started_tx = self.started_tx.clone();
-        let run_stop = stop.clone();
-        let task = self.ctx.tasks.spawn(async move {
-            let (tx, rx) = oneshot::channel();
-            let run = shard::run(spec, run_stop, Some(tx));
-            tokio::pin!(run);
-            tokio::select! {
-                result = &mut run => return result,
-                started = rx => {
-                    if let Ok(started) = started {
-                        let _ = started_tx.send((partition, started)).await;
-                    }
-                }
+        self.ctx.tasks.spawn(async move {
+            if let Ok(started) = rx.await {
+                let _ = started_tx.send((partition, started)).await;
             }
-            run.await
         });
         tracing::info!(
             partition,
@@ -196,8 +186,7 @@ impl Member {
         self.running.insert(
             partition,
             Running {
-                stop,
-                task,
+                shard,
                 stopping: Stopping::No,
                 kind,
                 wanted_since,
@@ -235,17 +224,14 @@ impl Member {
         let finished: Vec<u32> = self
             .running
             .iter()
-            .filter(|(_, r)| r.task.is_finished())
+            .filter(|(_, r)| r.shard.is_finished())
             .map(|(p, _)| *p)
             .collect();
         for partition in finished {
             let Some(running) = self.running.remove(&partition) else {
                 continue;
             };
-            let result = running
-                .task
-                .await
-                .unwrap_or_else(|e| Err(Error::task("shard")(e)));
+            let result = running.shard.join().await;
             match (result, running.stopping) {
                 (Ok(()), Stopping::Handover(asked)) => {
                     self.release(partition).await;

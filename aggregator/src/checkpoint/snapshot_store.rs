@@ -65,7 +65,7 @@ fn object_store_error(error: &Error) -> Option<&object_store::Error> {
 
 /// The store answered that the object is not there (S3: no such key, or
 /// no such bucket; `file://`: no such file), as opposed to not answering.
-pub fn is_not_found(error: &Error) -> bool {
+pub(crate) fn is_not_found(error: &Error) -> bool {
     matches!(
         object_store_error(error),
         Some(object_store::Error::NotFound { .. })
@@ -74,7 +74,7 @@ pub fn is_not_found(error: &Error) -> bool {
 
 /// S3 answered that the bucket itself does not exist (a store that
 /// restarted empty, or a bucket deleted).
-pub fn is_bucket_missing(error: &Error) -> bool {
+pub(crate) fn is_bucket_missing(error: &Error) -> bool {
     object_store_error(error).is_some_and(|e| {
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
         while let Some(c) = cause {

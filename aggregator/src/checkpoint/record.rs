@@ -97,7 +97,7 @@ impl CheckpointStore {
 
     /// etcd when `etcd` names endpoints (over TLS when its settings say so),
     /// else files under `data_dir/checkpoint`.
-    pub async fn open_with(
+    pub(crate) async fn open_with(
         etcd: &adspend_common::config::EtcdArgs,
         data_dir: &Path,
         shard: &str,
@@ -302,7 +302,7 @@ fn lock_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
 /// Replace `path` with `bytes` so that a crash leaves either the old or the
 /// new content, durably: write a temporary file, fsync it, rename, fsync the
 /// directory.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = path.with_extension("tmp");
@@ -315,7 +315,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     fsync_dir(dir)
 }
 
-pub fn fsync_dir(dir: &Path) -> Result<()> {
+pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(Error::io("fsync", dir))

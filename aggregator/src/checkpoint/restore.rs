@@ -3,15 +3,14 @@
 
 use std::path::Path;
 
-use crate::record::CheckpointRecord;
-use crate::snapshot_store::SnapshotStore;
+use crate::checkpoint::record::CheckpointRecord;
+use crate::checkpoint::snapshot_store::SnapshotStore;
 
 use futures::StreamExt;
 
-use crate::checkpointer::DATA_FILE;
-use crate::delta::Delta;
+use crate::checkpoint::delta::Delta;
 use crate::error::Error;
-use crate::store::Store;
+use crate::store::{Store, DATA_FILE};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Start {
@@ -22,7 +21,7 @@ pub enum Start {
     /// Downloaded and verified the recorded snapshot.
     Cold,
     /// The recorded snapshot was gone: rebuilt from an empty state by
-    /// replaying `SPEND` ([`crate::missing`]).
+    /// replaying `SPEND` ([`crate::checkpoint::missing`]).
     Rebuilt,
 }
 
@@ -59,7 +58,7 @@ fn fresh(store: Store) -> Result<(Store, String, Start), Error> {
 /// A new history in place of whatever `lmdb_dir` held: an empty store of a
 /// new lineage whose last applied sequence is `start_after` (0: the whole
 /// stream is replayed). For a recorded snapshot that is gone
-/// ([`crate::missing`]).
+/// ([`crate::checkpoint::missing`]).
 pub fn rebuild(
     lmdb_dir: &Path,
     map_size: usize,
@@ -75,7 +74,7 @@ pub fn rebuild(
         txn.commit().map_err(store.err("commit"))?;
     }
     if let Some(parent) = lmdb_dir.parent() {
-        crate::record::fsync_dir(parent)?;
+        crate::checkpoint::record::fsync_dir(parent)?;
     }
     Ok((store, lineage, Start::Rebuilt))
 }
@@ -94,16 +93,12 @@ fn fetch_failed(
         seq: record.seq,
     };
     move |e| {
-        if crate::snapshot_store::is_not_found(&e) {
+        if crate::checkpoint::snapshot_store::is_not_found(&e) {
             missing
         } else {
             e.into()
         }
     }
-}
-
-pub(crate) fn close(store: Store) {
-    store.env.prepare_for_closing().wait();
 }
 
 /// Deltas fetched ahead of the one being applied during a restore.
@@ -215,7 +210,7 @@ pub async fn open_or_restore(
                     record_seq = r.seq,
                     "local state is not usable; restoring the recorded snapshot"
                 );
-                close(store);
+                store.close();
             }
             (None, None) => {
                 return fresh(store);
@@ -249,7 +244,7 @@ pub async fn open_or_restore(
     {
         let restored = Store::open(&restore_dir, map_size)?;
         let result = verify_and_apply_deltas(&restored, record, snapshots).await;
-        close(restored);
+        restored.close();
         result?;
     }
     if lmdb_dir.exists() {
@@ -258,7 +253,7 @@ pub async fn open_or_restore(
     std::fs::rename(&restore_dir, lmdb_dir)
         .map_err(adspend_common::Error::io("rename", lmdb_dir))?;
     if let Some(parent) = lmdb_dir.parent() {
-        crate::record::fsync_dir(parent)?;
+        crate::checkpoint::record::fsync_dir(parent)?;
     }
     let store = Store::open(lmdb_dir, map_size)?;
     Ok((store, record.lineage.clone(), Start::Cold))

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::record::{CheckpointRecord, CheckpointStore, DeltaRef};
-use crate::snapshot_store::SnapshotStore;
+use crate::checkpoint::record::{CheckpointRecord, CheckpointStore, DeltaRef};
+use crate::checkpoint::snapshot_store::SnapshotStore;
 use adspend_common::telemetry::{
     CHECKPOINTS_COALESCED_TOTAL, CHECKPOINTS_TOTAL, CHECKPOINT_SECONDS,
     CHECKPOINT_UPLOADED_BYTES_TOTAL, SNAPSHOT_BYTES,
@@ -22,19 +22,15 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::apply::CheckpointRequest;
-use crate::delta::Changes;
+use crate::checkpoint::delta::Changes;
 use crate::error::Error;
 use crate::fence::Validity;
-use crate::restore;
-use crate::store::Store;
+use crate::store::{Store, DATA_FILE};
 use crate::telemetry::CHAIN_LOST_TOTAL;
 
 mod failures;
 
-pub use failures::{Failing, Reason};
-
-/// File name of the LMDB data file, in snapshots as in the environment.
-pub const DATA_FILE: &str = "data.mdb";
+pub(crate) use failures::{Failing, Reason};
 
 pub struct Checkpointer {
     pub store: Arc<Store>,
@@ -323,7 +319,7 @@ impl Checkpointer {
             // a restore of this base stands, and deltas can follow it.
             let copied = Store::open(&copy_dir, store.map_size())?;
             let position = copied.position();
-            restore::close(copied);
+            copied.close();
             Ok(position?.1)
         })
         .await

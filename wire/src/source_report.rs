@@ -1,5 +1,6 @@
-//! The limiter's per-source report (limiter → pacer, core NATS
-//! [`crate::nats::SOURCES_SUBJECT`], compact JSON, about once a second):
+//! The limiter's per-source report (limiter → pacer, core NATS subject
+//! `adspend.sources`, `adspend_common::nats::SOURCES_SUBJECT`; compact JSON,
+//! about once a second):
 //! how the fair scheduler shares the limiter among the sources of
 //! `IMPRESSIONS`, for the pacer's `/v1/sources` and its dashboard.
 //!

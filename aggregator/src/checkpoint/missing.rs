@@ -26,11 +26,11 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::stream::Stream;
 use tokio_util::sync::CancellationToken;
 
+use crate::checkpoint::record::{CheckpointRecord, CheckpointStore};
+use crate::checkpoint::restore::{self, Start};
+use crate::checkpoint::snapshot_store::SnapshotStore;
 use crate::config::{AcceptLoss, ACCEPT_LOSS};
 use crate::error::Error;
-use crate::record::{CheckpointRecord, CheckpointStore};
-use crate::restore::{self, Start};
-use crate::snapshot_store::SnapshotStore;
 use crate::store::Store;
 use crate::telemetry::{REBUILDS_TOTAL, SNAPSHOT_MISSING, SNAPSHOT_MISSING_TOTAL};
 
