@@ -66,7 +66,9 @@ pub async fn connect(etcd: &EtcdArgs) -> Result<Client> {
             })
         })??;
     if endpoints.len() > 1 {
-        tokio::spawn(endpoints::keep_live(client.clone(), endpoints, options));
+        let mut probes = endpoints::Endpoints::new(endpoints, options);
+        probes.first_round(&client).await;
+        tokio::spawn(probes.keep_live(client.clone()));
     }
     Ok(client)
 }

@@ -49,6 +49,8 @@ pub const PARTITION_COUNT_KEY: &str = "/adspend/config/partitions";
 /// Reconcile at least this often; etcd watches wake it sooner.
 pub(super) const RECONCILE_EVERY: Duration = Duration::from_millis(500);
 pub(super) const REJOIN_BACKOFF: Duration = Duration::from_secs(1);
+/// How long start-up retries passing etcd errors before giving up.
+const START_RETRY: Duration = Duration::from_secs(30);
 /// A partition that stopped on a passing failure is claimed again after this.
 pub(super) const PARTITION_RETRY: Duration = Duration::from_secs(2);
 
@@ -90,7 +92,17 @@ pub async fn run(
     tasks: TaskTracker,
 ) -> Result<(), Error> {
     let mut etcd = adspend_common::etcd::connect(&config.etcd).await?;
-    agree_on_partition_count(&mut etcd, &id, config.partitions.partitions).await?;
+    // A passing etcd error at start-up (a member restarting, a name not
+    // resolvable yet) is retried for a while; a lasting one stops here.
+    let started = std::time::Instant::now();
+    while let Err(e) = agree_on_partition_count(&mut etcd, &id, config.partitions.partitions).await
+    {
+        if !e.is_retryable() || started.elapsed() > START_RETRY {
+            return Err(e);
+        }
+        tracing::warn!(error = %e, "reading the partition count failed; retrying");
+        tokio::time::sleep(REJOIN_BACKOFF).await;
+    }
     // At zero from the start, so an alert on their increase sees the first one.
     metrics::counter!(AGGREGATOR_LEASES_LOST_TOTAL).increment(0);
     metrics::counter!(crate::telemetry::LEASE_PAUSES_TOTAL).increment(0);
@@ -115,8 +127,11 @@ pub async fn run(
                     .serve(shutdown.clone())
                     .await
             }
-            // At start-up an unusable etcd is a configuration problem.
-            Err(e) if first => return Err(e),
+            // At start-up an etcd that stays unusable is a configuration
+            // problem; a passing error is retried like later ones.
+            Err(e) if first && (!e.is_retryable() || started.elapsed() > START_RETRY) => {
+                return Err(e)
+            }
             Err(e) => Err(e),
         };
         let served = match joined {

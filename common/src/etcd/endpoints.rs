@@ -29,29 +29,55 @@ struct Endpoint {
     in_balance: bool,
 }
 
-/// Runs for the life of the process (it ends if the shared client's balance
-/// list can no longer be changed).
-pub(super) async fn keep_live(shared: Client, urls: Vec<String>, options: ConnectOptions) {
-    let mut endpoints: Vec<Endpoint> = urls
-        .into_iter()
-        .map(|url| Endpoint {
-            url,
-            probe: None,
-            failures: 0,
-            in_balance: true,
-        })
-        .collect();
-    let mut ticker = tokio::time::interval(PROBE_EVERY);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        for endpoint in endpoints.iter_mut() {
-            let ok = probe(endpoint, &options).await;
+/// Every endpoint of one shared client, as the probes see them.
+pub(super) struct Endpoints {
+    list: Vec<Endpoint>,
+    options: ConnectOptions,
+}
+
+impl Endpoints {
+    pub(super) fn new(urls: Vec<String>, options: ConnectOptions) -> Endpoints {
+        let list = urls
+            .into_iter()
+            .map(|url| Endpoint {
+                url,
+                probe: None,
+                failures: 0,
+                in_balance: true,
+            })
+            .collect();
+        Endpoints { list, options }
+    }
+
+    /// One probe of each endpoint at start-up: one that fails it leaves the
+    /// balance before the service's first requests (unless none answered).
+    pub(super) async fn first_round(&mut self, shared: &Client) {
+        let _ = self.round(shared, 1).await;
+    }
+
+    /// Runs for the life of the process (it ends if the shared client's
+    /// balance list can no longer be changed).
+    pub(super) async fn keep_live(mut self, shared: Client) {
+        let mut ticker = tokio::time::interval(PROBE_EVERY);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            if self.round(&shared, DOWN_AFTER).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Probes every endpoint once; takes out those that failed `down_after`
+    /// probes in a row (while one answers) and puts back those that answer.
+    async fn round(&mut self, shared: &Client, down_after: u32) -> Result<(), ()> {
+        for endpoint in self.list.iter_mut() {
+            let ok = probe(endpoint, &self.options).await;
             endpoint.failures = if ok { 0 } else { endpoint.failures + 1 };
         }
-        let live = endpoints.iter().filter(|e| e.failures == 0).count();
-        for endpoint in &mut endpoints {
-            let change = if endpoint.in_balance && endpoint.failures >= DOWN_AFTER && live > 0 {
+        let live = self.list.iter().filter(|e| e.failures == 0).count();
+        for endpoint in &mut self.list {
+            let change = if endpoint.in_balance && endpoint.failures >= down_after && live > 0 {
                 shared.remove_endpoint(&endpoint.url).await.map(|()| false)
             } else if !endpoint.in_balance && endpoint.failures == 0 {
                 shared.add_endpoint(&endpoint.url).await.map(|()| true)
@@ -76,10 +102,11 @@ pub(super) async fn keep_live(shared: Client, urls: Vec<String>, options: Connec
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot change the etcd client's endpoints; no longer probing");
-                    return;
+                    return Err(());
                 }
             }
         }
+        Ok(())
     }
 }
 
