@@ -388,3 +388,61 @@ async fn an_etcd_stall_within_the_lease_pauses_partitions_without_a_restart() {
     truth.absorb(&second);
     settle_exact(&p, &truth).await;
 }
+
+/// Scaling down by SIGTERM is a handover: the leaving member gets off the
+/// member list, records a last checkpoint per partition and releases them
+/// while its lease lives; the receiver counts handovers, not failovers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_stopped_by_sigterm_hands_over_not_fails_over() {
+    let p = start_pipeline().await;
+    let b = spawn_member(&p, "agg-b");
+    wait_owned(&[(&b, PARTITIONS)], Duration::from_secs(30)).await;
+    let mut a = spawn_member(&p, "agg-a");
+    wait_owned(
+        &[(&a, PARTITIONS / 2), (&b, PARTITIONS / 2)],
+        Duration::from_secs(60),
+    )
+    .await;
+    let mut truth = p.publish(&sim_config(3_000, 41)).await;
+
+    const TAKE: &str = "adspend_aggregator_handover_seconds_count{side=\"take\"}";
+    const FAILOVER: &str = "adspend_aggregator_failover_seconds_count";
+    let takes_before = metric(b.port, TAKE).await;
+    let failovers_before = metric(b.port, FAILOVER).await;
+    let status = a
+        .process
+        .terminate(Duration::from_secs(30))
+        .expect("SIGTERM a");
+    assert!(status.success(), "a did not shut down cleanly: {status:?}");
+    wait_owned(&[(&b, PARTITIONS)], Duration::from_secs(30)).await;
+    // Counted once each partition applies there (after its restore).
+    let want = f64::from(PARTITIONS / 2);
+    let _ = wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async { metric(b.port, TAKE).await - takes_before >= want },
+    )
+    .await;
+    let takes = metric(b.port, TAKE).await - takes_before;
+    let body = reqwest::get(format!("http://127.0.0.1:{}/metrics", b.port))
+        .await
+        .expect("b's metrics")
+        .text()
+        .await
+        .expect("b's metrics");
+    let moves: Vec<&str> = body
+        .lines()
+        .filter(|l| l.contains("handover") || l.contains("failover"))
+        .collect();
+    assert!(
+        takes >= want,
+        "b counted {takes} handovers for {want} partitions: {moves:#?}"
+    );
+    assert_eq!(
+        metric(b.port, FAILOVER).await,
+        failovers_before,
+        "a scale-down by SIGTERM was counted as failover"
+    );
+    truth.absorb(&p.publish(&sim_config(3_000, 42)).await);
+    settle_exact(&p, &truth).await;
+}

@@ -73,7 +73,7 @@ pub(super) struct Member {
     /// When each assigned partition not yet applying here was first assigned.
     pub(super) wanted_since: HashMap<u32, Instant>,
     /// The last owner seen for each partition.
-    pub(super) last_owner: HashMap<u32, String>,
+    pub(super) last_owner: HashMap<u32, (String, i64)>,
     /// Partitions not to claim again before the given time.
     pub(super) retry_after: HashMap<u32, Instant>,
     pub(super) started_tx: mpsc::Sender<(u32, Started)>,
@@ -306,10 +306,11 @@ impl Member {
         clean
     }
 
-    /// Shutdown: hand every partition over, release each owner key while
-    /// our member key still stands (so the receivers count a handover and
-    /// restore from the checkpoint just recorded), give them a moment to
-    /// claim, then revoke the lease, which deletes whatever is left.
+    /// Shutdown: leave the member list (the others' assignment now gives
+    /// them our partitions), hand every partition over with a last
+    /// checkpoint, release each owner key while our lease still lives (so
+    /// the receivers count a handover and restore from that checkpoint),
+    /// give them a moment to claim, then revoke the lease.
     async fn leave(&mut self) {
         if !self.lease.validity.is_valid() {
             // Paused, etcd unheard: no last checkpoint can be recorded, so
@@ -317,6 +318,14 @@ impl Member {
             self.lease.validity.revoke();
             self.stop_all(false).await;
             return;
+        }
+        // Off the member list first, so the others' assignment gives them
+        // our partitions; the lease (and the owner keys) stay until the
+        // last checkpoints are recorded and the keys released.
+        let key = member_key(&self.ctx.id);
+        let mut etcd = self.ctx.etcd.clone();
+        if let Err(e) = etcd.delete(key.as_str(), None).await {
+            tracing::warn!(error = %e, "deleting our member key failed; the others take over when the lease goes");
         }
         let handed = self.stop_all(true).await;
         for partition in &handed {

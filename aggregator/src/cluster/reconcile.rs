@@ -51,8 +51,8 @@ impl Member {
             self.assigned = assigned.clone();
             self.wanted_since.retain(|p, _| assigned.contains(p));
         }
-        for (partition, (owner, _)) in &owners {
-            self.last_owner.insert(*partition, owner.clone());
+        for (partition, (owner, lease)) in &owners {
+            self.last_owner.insert(*partition, (owner.clone(), *lease));
         }
 
         // Let go of what is no longer ours.
@@ -109,9 +109,16 @@ impl Member {
             if owner.is_none() && !self.claim(partition).await? {
                 continue;
             }
-            let kind = match self.last_owner.get(&partition) {
+            let kind = match self.last_owner.get(&partition).cloned() {
                 None => Kind::Fresh,
-                Some(previous) if *previous != self.ctx.id && members.contains(previous) => {
+                Some((previous, _)) if previous != self.ctx.id && members.contains(&previous) => {
+                    Kind::Handover
+                }
+                // A member leaving by SIGTERM is off the member list before
+                // it lets go; its lease still lives until the others claim.
+                Some((previous, lease))
+                    if previous != self.ctx.id && self.lease_alive(lease).await =>
+                {
                     Kind::Handover
                 }
                 Some(_) => Kind::Failover,
@@ -120,6 +127,16 @@ impl Member {
         }
         metrics::gauge!(AGGREGATOR_OWNED_PARTITIONS).set(self.running.len() as f64);
         Ok(())
+    }
+
+    /// Whether etcd still holds `lease` (a previous owner that released its
+    /// key on purpose, not one whose lease expired).
+    async fn lease_alive(&self, lease: i64) -> bool {
+        let mut etcd = self.ctx.etcd.clone();
+        match etcd.lease_time_to_live(lease, None).await {
+            Ok(answer) => answer.ttl() > 0,
+            Err(_) => false,
+        }
     }
 
     /// Create the owner key, bound to our lease, if nobody holds it.
