@@ -84,7 +84,7 @@ async fn spend(client: &async_nats::Client, id: &str, ad: &str, cost: u64) {
 }
 
 /// Every alert on the stream, in stream order: (subject, alert JSON).
-async fn stream_alerts(client: &async_nats::Client) -> Vec<(String, Value)> {
+pub(crate) async fn stream_alerts(client: &async_nats::Client) -> Vec<(String, Value)> {
     let js = jetstream::new(client.clone());
     let Ok(mut stream) = js.get_stream(ALERTS_STREAM).await else {
         return Vec::new();

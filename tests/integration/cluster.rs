@@ -17,8 +17,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use adspend_common::config::NatsArgs;
 use adspend_tests::cluster::chaos::{self, ChaosConfig};
 use adspend_tests::cluster::{
-    metric_sum, metric_value, nats_args, settle_exact, shards, wait_applied, Cluster, Monotonic,
-    Shard, Traffic, AGGREGATORS, NATS_URL, PARTITIONS,
+    connect_as, metric_sum, metric_value, nats_args, settle_exact, shards, wait_applied, Cluster,
+    Monotonic, Shard, Traffic, AGGREGATORS, NATS_URL, PACER_URL, PARTITIONS,
 };
 use adspend_tests::sim::{generate_catalog, Catalog, CatalogSpec};
 
@@ -708,4 +708,71 @@ async fn docker_chaos_campaign() {
     assert_eq!(report.mismatches, 0, "{rendered}");
     assert!(report.violations.is_empty(), "{rendered}");
     assert_eq!(report.stalls(), 0, "{rendered}");
+}
+
+/// Budget alerts through a partition failover: while an aggregator is
+/// killed mid-run, every threshold a limit's spend crossed is announced on
+/// `ALERTS`, and none twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_alerts_once_through_failover() {
+    let catalog = catalog(27);
+    let mut doc = serde_json::to_value(&catalog).unwrap();
+    for limit in doc["limits"].as_object_mut().unwrap().values_mut() {
+        limit["alerts"] = serde_json::json!([1, 2, 5]);
+    }
+    let cluster = Cluster::start_json(&doc).await.expect("cluster");
+    stable_owners(&cluster, &AGGREGATORS).await;
+    let traffic = Traffic::start(&catalog, 40_000, RATE, 9).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let state = cluster.kill("aggregator2").await.expect("docker kill");
+    assert!(!state.running);
+    settle(&catalog, traffic, "alerts through a failover").await;
+
+    // What must have been announced: each threshold the period's spend
+    // reached, per the pacer's final figures (equal to the truth above).
+    let limits = adspend_tests::check::fetch_limits(&http(), PACER_URL)
+        .await
+        .expect("limits");
+    let mut expected = BTreeSet::new();
+    for limit in &limits {
+        for threshold in [1u64, 2, 5] {
+            if u128::from(limit.spend_micros) * 100
+                >= u128::from(threshold) * u128::from(limit.budget_micros)
+            {
+                let start = serde_json::to_value(&limit.period_start).unwrap();
+                expected.insert((limit.limit_id.clone(), start.to_string(), threshold));
+            }
+        }
+    }
+    assert!(!expected.is_empty(), "no limit crossed a threshold");
+    let client = connect_as("pacer").await.expect("NATS as pacer");
+    let started = Instant::now();
+    let (seen, counts) = loop {
+        let mut counts: BTreeMap<(String, String, u64), u32> = BTreeMap::new();
+        for (_, alert) in crate::alerts::stream_alerts(&client).await {
+            let key = (
+                alert["limit_id"].as_str().unwrap_or("").to_owned(),
+                alert["period_start"].to_string(),
+                alert["threshold_percent"].as_u64().unwrap_or(0),
+            );
+            *counts.entry(key).or_default() += 1;
+        }
+        let seen: BTreeSet<_> = counts.keys().cloned().collect();
+        if expected.is_subset(&seen) || started.elapsed() > Duration::from_secs(60) {
+            break (seen, counts);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let missing: Vec<_> = expected.difference(&seen).collect();
+    assert!(missing.is_empty(), "crossings never announced: {missing:?}");
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "crossings announced more than once: {twice:?}"
+    );
+    figure(&format!(
+        "alerts through a failover: {} crossings announced once each over {} limits",
+        counts.len(),
+        limits.len()
+    ));
 }

@@ -27,12 +27,17 @@ impl Member {
         if self.lease.validity.is_revoked() {
             return Err(lease_lost("lease revoked"));
         }
+        // Keepalives unanswered: paused, nothing applies here meanwhile.
+        let paused = !self.lease.validity.is_valid();
+        if paused {
+            metrics::gauge!(AGGREGATOR_OWNED_PARTITIONS).set(0.0);
+        }
         let members = self.members().await?;
         if !members.contains(&self.ctx.id) {
             return Err(lease_lost("our member key is gone"));
         }
-        if !self.lease.validity.is_valid() {
-            // Paused until etcd answers the keeper: nothing to decide now.
+        if paused {
+            // Until etcd answers the keeper: nothing to decide now.
             return Ok(());
         }
         let owners = self.owners().await?;

@@ -24,4 +24,4 @@ pub use compose::{
 pub use observe::{
     shards, wait_applied, Backwards, Monotonic, Shard, Takeover, PACER_URL, PARTITIONS,
 };
-pub use traffic::{settle_exact, Traffic, NATS_URL};
+pub use traffic::{connect_as, settle_exact, Traffic, NATS_URL};

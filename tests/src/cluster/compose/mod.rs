@@ -82,9 +82,16 @@ impl Cluster {
     /// service is healthy. A project left over from an interrupted run is
     /// removed first.
     pub async fn start(catalog: &Catalog) -> anyhow::Result<Cluster> {
+        Self::start_json(&serde_json::to_value(catalog)?).await
+    }
+
+    /// [`Cluster::start`] with a catalog document as JSON (for fields the
+    /// simulator's catalog does not carry, such as `alerts`).
+    pub async fn start_json(catalog: &Value) -> anyhow::Result<Cluster> {
         let dir = tempfile::tempdir().context("tempdir")?;
         let catalog_path = dir.path().join("catalog.json");
-        catalog.save(&catalog_path)?;
+        std::fs::write(&catalog_path, serde_json::to_vec_pretty(catalog)?)
+            .context("writing the catalog")?;
         let cluster = Cluster {
             root: workspace_root(),
             project: PROJECT.to_owned(),
