@@ -24,7 +24,6 @@ use anyhow::{bail, Context};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-pub use self::inject::NatsLeaders;
 use self::plan::{Action, Template};
 pub use self::report::{FaultRecord, Report};
 use self::watch::Watch;

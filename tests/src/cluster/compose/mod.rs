@@ -134,10 +134,6 @@ impl Cluster {
         })
     }
 
-    pub fn project(&self) -> &str {
-        &self.project
-    }
-
     async fn run(&self, program: &str, args: &[&str]) -> anyhow::Result<String> {
         let output = tokio::time::timeout(
             COMMAND_TIMEOUT,
