@@ -19,7 +19,7 @@ pub use crate::config::DedupeLimits;
 use crate::dedupe::{self, IdSet, ShardOrder};
 use crate::error::Error;
 use crate::fence::Validity;
-pub use crate::shard::handoff::{CheckpointRequest, Dirty, DirtyState, Incoming};
+pub use crate::handoff::{CheckpointRequest, Dirty, DirtyState, Incoming};
 use crate::store::Store;
 #[cfg(test)] // named by the tests through `super::*`
 use {crate::store::parse_lifetime, adspend_common::types::LIFETIME_BUCKET};

@@ -2,7 +2,7 @@
 //!
 //! On a marker, [`checkpointer`] copies the store (a base, or a [`delta`]
 //! of what changed since the last checkpoint), uploads it to
-//! [`snapshot_store`] and records it in etcd through [`record`], fenced by
+//! [`snapshot_store`](crate::snapshot_store) and records it in etcd through [`record`], fenced by
 //! the owner epoch. A starting shard [`restore`]s from the local LMDB or
 //! the recorded snapshot and its deltas; [`missing`] handles a recorded
 //! snapshot that is gone.
@@ -12,4 +12,3 @@ pub mod delta;
 pub mod missing;
 pub mod record;
 pub mod restore;
-pub mod snapshot_store;

@@ -9,7 +9,7 @@ use adspend_common::env;
 use adspend_common::Error;
 use clap::Parser;
 
-use crate::checkpoint::snapshot_store::SnapshotStore;
+use crate::snapshot_store::SnapshotStore;
 
 /// Environment variable of [`Config::accept_loss`]. Its own here (not in
 /// `adspend_common::env`, which is maintained elsewhere); docs/CONFIGURATION.md

@@ -13,7 +13,7 @@
 //! that snapshot is gone, [`missing`](checkpoint::missing) rebuilds it from
 //! the stream or waits visibly for an operator), then
 //! [`consume`](shard::consume) reads `SPEND` and feeds [`apply`]'s single
-//! writer thread (hand-offs in [`handoff`](shard::handoff), the dedupe
+//! writer thread (hand-offs in [`handoff`], the dedupe
 //! window in [`dedupe`]), which commits each group of messages in one LMDB
 //! transaction; on a marker the writer asks [`checkpointer`] for a
 //! snapshot, and after every commit [`push`] sends the changed sums to the
@@ -22,11 +22,14 @@
 //! and failed checkpoints.
 //!
 //! Grouped by what they do: [`shard`] holds a shard's life with its
-//! consumer and hand-offs; [`checkpoint`] holds durability
-//! ([`checkpointer`], [`delta`](checkpoint::delta), [`record`],
-//! [`restore`], [`snapshot_store`], [`missing`](checkpoint::missing)).
-//! Other crates see [`run`], [`Config`], [`apply`], [`dedupe`], [`store`]
-//! and the checkpoint modules they open snapshots with.
+//! consumer; [`handoff`] what its parts pass each other; [`checkpoint`]
+//! holds durability ([`checkpointer`], [`delta`](checkpoint::delta),
+//! [`record`], [`restore`], [`missing`](checkpoint::missing)) over
+//! [`snapshot_store`], the object storage that settings open and
+//! checkpoints use. No module imports one that imports it back
+//! (`tests/integration/module_cycles.rs`). Other crates see [`run`],
+//! [`Config`], [`apply`], [`dedupe`], [`store`], [`snapshot_store`] and the
+//! checkpoint modules they open snapshots with.
 
 pub mod apply;
 pub(crate) mod background;
@@ -36,13 +39,15 @@ pub(crate) mod config;
 pub mod dedupe;
 pub(crate) mod error;
 pub(crate) mod fence;
+pub(crate) mod handoff;
 pub(crate) mod push;
 pub(crate) mod shard;
+pub mod snapshot_store;
 pub mod store;
 pub(crate) mod telemetry;
 
 // What other crates name (the tests crate's benches and recovery tests).
-pub use checkpoint::{checkpointer, record, restore, snapshot_store};
+pub use checkpoint::{checkpointer, record, restore};
 
 use std::net::SocketAddr;
 

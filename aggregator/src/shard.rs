@@ -32,15 +32,14 @@ use tokio_util::task::TaskTracker;
 use crate::checkpoint::missing;
 use crate::checkpoint::record::{CheckpointRecord, CheckpointStore};
 use crate::checkpoint::restore::Start;
-use crate::checkpoint::snapshot_store::SnapshotStore;
 use crate::config::ShardSettings;
 use crate::error::Error;
 use crate::fence::Validity;
+use crate::snapshot_store::SnapshotStore;
 use crate::store::Store;
 use crate::telemetry::ShardGauges;
 
 pub mod consume;
-pub mod handoff;
 mod parts;
 
 /// One shard to run.

@@ -53,6 +53,13 @@ pub struct Store {
     meta: Database<'static, Str, Bytes>,
 }
 
+/// Makes `dir`'s entries (a file just renamed or created in it) durable.
+pub(crate) fn fsync_dir(dir: &Path) -> adspend_common::error::Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(adspend_common::Error::io("fsync", dir))
+}
+
 /// `[len u8][limit][bucket u32 BE]`: the length prefix keeps one limit's
 /// buckets together and apart from limits that share a prefix.
 pub(crate) fn sum_key(limit: &str, bucket: u32) -> Vec<u8> {

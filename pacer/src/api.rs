@@ -5,9 +5,6 @@
 //! `/metrics` open, and the OpenAPI document of all of them
 //! ([`crate::openapi`]). Every error is JSON ([`crate::reply`]).
 
-use std::sync::Arc;
-
-use adspend_common::catalog::Catalog;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{from_fn, from_fn_with_state};
@@ -16,28 +13,15 @@ use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{watch, RwLock};
 
 use crate::auth::{require_decide, require_read, Auth};
 use crate::pacing::{view, LimitView};
 use crate::reply::{error, json_errors, method_not_allowed, not_found, ApiPath, ApiQuery};
-use crate::sources::SourceReports;
-use crate::state::SpendState;
 
 /// Largest request body accepted (a decisions batch): 413 above it.
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 
-#[derive(Clone)]
-pub struct AppState {
-    pub catalog: watch::Receiver<Arc<Catalog>>,
-    pub spend: Arc<RwLock<SpendState>>,
-    /// The limiters' latest per-source reports.
-    pub sources: Arc<std::sync::Mutex<SourceReports>>,
-    /// The newest budget alerts ([`crate::alerts::recent`]).
-    pub alerts: crate::alerts::Recent,
-    /// Most ad ids in one decisions request (ADSPEND_PACER_MAX_DECISION_IDS).
-    pub max_decision_ids: usize,
-}
+pub use crate::app::AppState;
 
 /// One route: method (as the OpenAPI document spells it), path, handler.
 /// The router is built from these tables and `crate::openapi`'s test checks

@@ -10,12 +10,6 @@ use clap::Parser;
 use crate::auth::{parse_tokens, Auth};
 use crate::serve::HttpLimits;
 
-// The pacer's bounds on what one client can cost (docs/PACER-LIMITS.md).
-// Named here rather than in `adspend_common::env`, whose list the README's
-// settings table must match, until the README lists them.
-pub const PACER_MAX_CONNECTIONS_PER_ADDR: &str = "ADSPEND_PACER_MAX_CONNECTIONS_PER_ADDR";
-pub const PACER_MAX_DECISION_IDS: &str = "ADSPEND_PACER_MAX_DECISION_IDS";
-
 /// Holds budget state from the aggregators' pushes and answers ad servers:
 /// may I bid on this ad, how hard, what is left.
 #[derive(Parser, Clone, Debug)]
@@ -47,6 +41,14 @@ pub struct Config {
     /// HTTP listen address of the API and dashboard.
     #[arg(long, env = env::PACER_ADDR, default_value = "127.0.0.1:8080")]
     pub pacer_addr: String,
+    /// PEM certificate chain (leaf first) of HTTPS on the API port; with
+    /// ADSPEND_PACER_TLS_KEY. Empty: plain HTTP. The operations listener
+    /// (ADSPEND_PACER_OPS_ADDR) stays plain.
+    #[arg(long, env = env::PACER_TLS_CERT, default_value = "")]
+    pub tls_cert: String,
+    /// PEM private key of ADSPEND_PACER_TLS_CERT.
+    #[arg(long, env = env::PACER_TLS_KEY, default_value = "")]
+    pub tls_key: String,
     /// Prometheus /metrics listen address (also served on the API port).
     #[arg(long, env = env::METRICS_ADDR, default_value = "127.0.0.1:9103")]
     pub metrics_addr: String,
@@ -106,13 +108,13 @@ pub struct Config {
     /// under ADSPEND_PACER_MAX_CONNECTIONS: one more is answered 429 and
     /// closed. Behind a proxy every client has the proxy's address: set it
     /// to ADSPEND_PACER_MAX_CONNECTIONS there. Above that, that one applies.
-    #[arg(long, env = PACER_MAX_CONNECTIONS_PER_ADDR, default_value_t = 128,
+    #[arg(long, env = env::PACER_MAX_CONNECTIONS_PER_ADDR, default_value_t = 128,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections_per_addr: u64,
     /// Most ad ids in one POST /v1/decisions: a larger batch is answered
     /// 413 (JSON) without being decided. With each ad's limits bounded by
     /// the catalog's shape, this bounds a decision batch's time and answer.
-    #[arg(long, env = PACER_MAX_DECISION_IDS, default_value_t = 1_000,
+    #[arg(long, env = env::PACER_MAX_DECISION_IDS, default_value_t = 1_000,
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub max_decision_ids: u64,
     /// The pacing served: `adspend` (its own) or `baseline` (LinkedIn-style
@@ -157,6 +159,8 @@ pub struct Settings {
     pub api_addr: SocketAddr,
     pub metrics_addr: SocketAddr,
     pub ops_addr: Option<SocketAddr>,
+    /// HTTPS on the API port; None: plain HTTP.
+    pub tls: Option<crate::serve::tls::Https>,
     pub auth: Auth,
     pub http: HttpLimits,
     pub max_decision_ids: usize,
@@ -199,6 +203,7 @@ impl Config {
             api_addr: parse_addr(env::PACER_ADDR, &self.pacer_addr)?,
             metrics_addr: parse_addr(env::METRICS_ADDR, &self.metrics_addr)?,
             ops_addr,
+            tls: self.tls()?,
             auth,
             http: HttpLimits {
                 request_timeout: Duration::from_millis(self.request_timeout_ms),
@@ -213,6 +218,25 @@ impl Config {
                 webhook: self.webhook()?,
             },
         })
+    }
+
+    fn tls(&self) -> Result<Option<crate::serve::tls::Https>, Error> {
+        let (cert, key) = (self.tls_cert.trim(), self.tls_key.trim());
+        let missing = |name: &'static str, other: &str| Error::Config {
+            name,
+            value: String::new(),
+            reason: format!("is needed with {other}"),
+        };
+        match (cert.is_empty(), key.is_empty()) {
+            (true, true) => Ok(None),
+            (false, true) => Err(missing(env::PACER_TLS_KEY, env::PACER_TLS_CERT)),
+            (true, false) => Err(missing(env::PACER_TLS_CERT, env::PACER_TLS_KEY)),
+            (false, false) => crate::serve::tls::load(
+                (env::PACER_TLS_CERT, std::path::Path::new(cert)),
+                (env::PACER_TLS_KEY, std::path::Path::new(key)),
+            )
+            .map(Some),
+        }
     }
 
     fn webhook(&self) -> Result<Option<crate::alerts::webhook::Target>, Error> {
@@ -272,6 +296,7 @@ mod tests {
     fn defaults_leave_the_api_open_with_the_documented_limits() {
         let settings = parse(&[]).validate().unwrap().settings;
         assert_eq!(settings.ops_addr, None);
+        assert!(settings.tls.is_none());
         assert!(!settings.auth.required(crate::auth::Scope::Read));
         assert!(!settings.auth.required(crate::auth::Scope::Decide));
         assert_eq!(settings.http.request_timeout, Duration::from_secs(10));
@@ -383,6 +408,22 @@ mod tests {
         assert!(parse_err(&["--max-decision-ids=0"]).contains("max-decision-ids"));
         assert!(parse_err(&["--max-decision-ids=many"]).contains("max-decision-ids"));
         assert!(parse_err(&["--max-decision-ids=100001"]).contains("100000"));
+        let message = parse(&["--tls-cert=/etc/pacer.pem"])
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains(env::PACER_TLS_KEY), "{message}");
+        let message = parse(&[
+            "--tls-cert=/nonexistent/pacer.pem",
+            "--tls-key=/nonexistent/k.pem",
+        ])
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            message.contains(env::PACER_TLS_CERT) && message.contains("/nonexistent/pacer.pem"),
+            "{message}"
+        );
         let message = parse(&["--ops-addr=nowhere"])
             .validate()
             .unwrap_err()

@@ -27,10 +27,10 @@ use chrono::Utc;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Serialize;
 
-use crate::api::AppState;
-use crate::config::PACER_MAX_DECISION_IDS;
+use crate::app::AppState;
 use crate::pacing::{decide_counted, Decision};
 use crate::reply::error;
+use adspend_common::env::PACER_MAX_DECISION_IDS;
 
 /// Verdicts computed between two yields (one ad's verdicts are never
 /// split): a verdict is about a microsecond in a release build, so a chunk

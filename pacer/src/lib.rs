@@ -14,6 +14,7 @@
 
 pub mod alerts;
 pub mod api;
+mod app;
 pub mod auth;
 pub mod config;
 pub mod controller;
@@ -24,6 +25,7 @@ mod openapi;
 pub mod pacing;
 pub mod reply;
 pub mod serve;
+pub mod served;
 pub mod shape;
 pub mod sources;
 pub mod state;
@@ -146,6 +148,7 @@ pub async fn run(
     };
     tracing::info!(
         addr = %addr,
+        https = ?settings.tls.as_ref().map(|https| &https.cert),
         ops_addr = ?listeners.ops.as_ref().and_then(|l| l.local_addr().ok()),
         catalog = source.describe(),
         read = scope(auth::Scope::Read),
@@ -159,7 +162,7 @@ pub async fn run(
     if let Some(listener) = listeners.ops {
         let shutdown = shutdown.clone();
         tasks.spawn(async move {
-            let served = serve::serve(listener, api::ops_router(), settings.http, shutdown);
+            let served = serve::serve(listener, api::ops_router(), settings.http, None, shutdown);
             if let Err(e) = served.await {
                 tracing::warn!(error = %e, "operations listener failed");
             }
@@ -175,7 +178,8 @@ pub async fn run(
         },
         settings.auth.clone(),
     );
-    let result = serve::serve(listeners.api, app, settings.http, shutdown.clone())
+    let tls = settings.tls.as_ref().map(|https| https.acceptor.clone());
+    let result = serve::serve(listeners.api, app, settings.http, tls, shutdown.clone())
         .await
         .map_err(Error::Serve);
     // The ingest, the ticker and the operations listener stop with the API.

@@ -151,7 +151,7 @@ pub struct Pacing {
     pub bucket: u32,
     pub history: Vec<Point>,
     /// The multipliers served, for the lag guard's in-flight estimate.
-    pub served: crate::pacing::Served,
+    pub served: crate::served::Served,
 }
 
 /// How long a shard may go without an accepted push before its limits are

@@ -169,7 +169,13 @@ async fn the_ops_router_serves_health_and_metrics_only() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
-    tokio::spawn(serve(listener, api::ops_router(), LIMITS, shutdown.clone()));
+    tokio::spawn(serve(
+        listener,
+        api::ops_router(),
+        LIMITS,
+        None,
+        shutdown.clone(),
+    ));
     let health = request(addr, "GET", "/healthz", &[], "").await;
     assert_eq!((health.status, health.body.as_str()), (200, "ok"));
     request(addr, "GET", "/v1/limits", &[], "")

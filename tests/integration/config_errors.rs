@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use adspend_tests::harness::free_port;
+use adspend_tests::harness::{free_port, TestCa};
 
 use crate::support::{Backends, Pipeline};
 
@@ -124,6 +124,12 @@ async fn unreachable_dependencies_exit_1() {
 async fn bad_settings_exit_64_naming_the_setting() {
     let p = Pipeline::start(Backends::default(), 10).await;
     let nowhere_etcd = format!("127.0.0.1:{}", free_port());
+    let ca = TestCa::new("pacer");
+    let pair = ca.server("pacer");
+    let (cert, key) = (
+        pair.cert.display().to_string(),
+        pair.key.display().to_string(),
+    );
     // Refused by validation, before anything is bound or connected (the
     // etcd named here is never reached).
     for (service, extra, expected) in [
@@ -155,6 +161,27 @@ async fn bad_settings_exit_64_naming_the_setting() {
             "pacer",
             &[("ADSPEND_PACER_ADDR", "not-an-address")],
             "ADSPEND_PACER_ADDR",
+        ),
+        (
+            "pacer",
+            &[("ADSPEND_PACER_TLS_CERT", &cert)],
+            "ADSPEND_PACER_TLS_KEY",
+        ),
+        (
+            "pacer",
+            &[
+                ("ADSPEND_PACER_TLS_CERT", &cert),
+                ("ADSPEND_PACER_TLS_KEY", &cert),
+            ],
+            "ADSPEND_PACER_TLS_KEY",
+        ),
+        (
+            "pacer",
+            &[
+                ("ADSPEND_PACER_TLS_CERT", "/nonexistent/pacer.pem"),
+                ("ADSPEND_PACER_TLS_KEY", &key),
+            ],
+            "ADSPEND_PACER_TLS_CERT",
         ),
         (
             "limiter",

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::checkpoint::record::{CheckpointRecord, CheckpointStore, DeltaRef};
-use crate::checkpoint::snapshot_store::SnapshotStore;
+use crate::snapshot_store::SnapshotStore;
 use adspend_common::telemetry::{
     CHECKPOINTS_COALESCED_TOTAL, CHECKPOINTS_TOTAL, CHECKPOINT_SECONDS,
     CHECKPOINT_UPLOADED_BYTES_TOTAL, SNAPSHOT_BYTES,
@@ -21,10 +21,10 @@ use heed::CompactionOption;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::apply::CheckpointRequest;
 use crate::checkpoint::delta::Changes;
 use crate::error::Error;
 use crate::fence::Validity;
+use crate::handoff::CheckpointRequest;
 use crate::store::{Store, DATA_FILE};
 use crate::telemetry::CHAIN_LOST_TOTAL;
 

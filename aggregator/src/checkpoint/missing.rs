@@ -28,9 +28,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::record::{CheckpointRecord, CheckpointStore};
 use crate::checkpoint::restore::{self, Start};
-use crate::checkpoint::snapshot_store::SnapshotStore;
 use crate::config::{AcceptLoss, ACCEPT_LOSS};
 use crate::error::Error;
+use crate::snapshot_store::SnapshotStore;
 use crate::store::Store;
 use crate::telemetry::{REBUILDS_TOTAL, SNAPSHOT_MISSING, SNAPSHOT_MISSING_TOTAL};
 

@@ -312,13 +312,7 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         file.sync_all().map_err(Error::io("fsync", &tmp))?;
     }
     std::fs::rename(&tmp, path).map_err(Error::io("rename", path))?;
-    fsync_dir(dir)
-}
-
-pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(Error::io("fsync", dir))
+    crate::store::fsync_dir(dir)
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use crate::checkpoint::record::CheckpointRecord;
-use crate::checkpoint::snapshot_store::SnapshotStore;
+use crate::snapshot_store::SnapshotStore;
 
 use futures::StreamExt;
 
@@ -74,7 +74,7 @@ pub fn rebuild(
         txn.commit().map_err(store.err("commit"))?;
     }
     if let Some(parent) = lmdb_dir.parent() {
-        crate::checkpoint::record::fsync_dir(parent)?;
+        crate::store::fsync_dir(parent)?;
     }
     Ok((store, lineage, Start::Rebuilt))
 }
@@ -93,7 +93,7 @@ fn fetch_failed(
         seq: record.seq,
     };
     move |e| {
-        if crate::checkpoint::snapshot_store::is_not_found(&e) {
+        if crate::snapshot_store::is_not_found(&e) {
             missing
         } else {
             e.into()
@@ -253,7 +253,7 @@ pub async fn open_or_restore(
     std::fs::rename(&restore_dir, lmdb_dir)
         .map_err(adspend_common::Error::io("rename", lmdb_dir))?;
     if let Some(parent) = lmdb_dir.parent() {
-        crate::checkpoint::record::fsync_dir(parent)?;
+        crate::store::fsync_dir(parent)?;
     }
     let store = Store::open(lmdb_dir, map_size)?;
     Ok((store, record.lineage.clone(), Start::Cold))

@@ -32,7 +32,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::checkpoint::snapshot_store::SnapshotStore;
+use crate::snapshot_store::SnapshotStore;
 use adspend_common::telemetry::AGGREGATOR_LEASES_LOST_TOTAL;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use tokio_util::sync::CancellationToken;

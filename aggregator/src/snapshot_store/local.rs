@@ -111,7 +111,7 @@ pub(super) fn write_local<T>(dest: &Path, fill: impl FnOnce(&mut Paced) -> Resul
         let _ = std::fs::remove_file(&staged);
     }
     let filled = written?;
-    crate::checkpoint::record::fsync_dir(parent)?;
+    crate::store::fsync_dir(parent)?;
     Ok(filled)
 }
 

@@ -47,7 +47,7 @@ use futures::StreamExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::Error;
+use crate::error::Error;
 pub use backlog::{Backlog, Window, MIN_WINDOW};
 
 /// The backlog shared between the publish path, the reports' subscriber

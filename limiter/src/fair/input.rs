@@ -11,7 +11,7 @@ use super::{lanes, pull_stream, Scheduler, SourceStat};
 use crate::chunk::PullMessage;
 use crate::config::{Config, Scheduling};
 use crate::downstream::Downstream;
-use crate::Error;
+use crate::error::Error;
 
 /// The limiter's input: chunks of messages, each acknowledged by the caller.
 pub enum Input {

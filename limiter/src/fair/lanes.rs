@@ -17,7 +17,7 @@ use async_nats::jetstream::consumer::{self, pull, DeliverPolicy};
 use async_nats::jetstream::stream::Stream as JsStream;
 use futures::TryStreamExt;
 
-use crate::Error;
+use crate::error::Error;
 
 /// How long JetStream waits for an acknowledgement before redelivering: the
 /// time a limiter that died holding input delays that input (FIFO consumer

@@ -38,7 +38,7 @@ use futures::FutureExt;
 use crate::chunk::PullMessage;
 use crate::config::Config;
 use crate::downstream::Downstream;
-use crate::Error;
+use crate::error::Error;
 use drr::{Deficits, LaneView};
 use feed::Feed;
 pub use input::Input;

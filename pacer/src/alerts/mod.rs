@@ -109,7 +109,7 @@ pub async fn start(
     recent: Recent,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
-) -> Result<(), crate::Error> {
+) -> Result<(), crate::error::Error> {
     adspend_common::telemetry::describe(DESCRIPTIONS);
     let js = async_nats::jetstream::new(client);
     let stream = adspend_common::nats::ensure_alerts(&js, settings.stream_replicas).await?;

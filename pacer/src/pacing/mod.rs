@@ -18,12 +18,10 @@
 //! - Stale: the limit's shard has not pushed (not even a heartbeat) for the
 //!   stale threshold; not servable ([`crate::state::SpendState::limit_stale`]).
 
-mod served;
 mod tick;
 mod verdict;
 mod view;
 
-pub use served::Served;
 pub use tick::{stale_limits, tick};
 pub use verdict::{decide, decide_counted, verdict, Decision, Verdict};
 pub use view::{view, LimitView, PacingView};

@@ -72,6 +72,7 @@ pub async fn start_with(
         listener,
         api::router(state, auth),
         limits,
+        None,
         shutdown.clone(),
     ));
     Pacer {

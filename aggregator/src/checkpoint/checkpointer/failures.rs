@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use adspend_common::Error as CommonError;
 
 use crate::checkpoint::record::CheckpointRecord;
-use crate::checkpoint::snapshot_store::{is_bucket_missing, Created, SnapshotStore};
 use crate::error::Error;
+use crate::snapshot_store::{is_bucket_missing, Created, SnapshotStore};
 use crate::telemetry::CHECKPOINT_FAILURES_TOTAL;
 
 /// At most one ERROR line this often while checkpoints keep failing.
