@@ -72,7 +72,7 @@ fi
 phase "cargo test"
 echo "test: cargo test"
 # Integration tests each start their own servers; three at a time fits 2 cores.
-# The cluster tests (tests/integration/cluster.rs) share host ports and the
+# The cluster tests (tests/integration/cluster/) share host ports and the
 # Docker daemon: they run in their own phase below.
 set +e
 cargo test --workspace --lib --bins --tests "${features[@]}" -- --test-threads=3 --skip cluster::docker_ 2>&1 | tee "$log"

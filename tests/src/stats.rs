@@ -11,10 +11,26 @@ pub fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// The nearest-rank quantile `q` (0..=1) of `values`, in any order; NaN
+/// when empty.
+pub fn quantile(values: &[f64], q: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
 /// Milliseconds since the Unix epoch by the wall clock.
 pub fn unix_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
+    unix_ms_at(SystemTime::now())
+}
+
+/// Milliseconds since the Unix epoch of `t`; 0 before it.
+pub fn unix_ms_at(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
@@ -31,5 +47,14 @@ mod tests {
         assert_eq!(percentile(&[7], 99.0), 7);
         assert_eq!(percentile(&[], 50.0), 0);
         assert!(unix_ms() > 1_700_000_000_000);
+        assert_eq!(
+            unix_ms_at(UNIX_EPOCH + std::time::Duration::from_millis(7)),
+            7
+        );
+        let values: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        assert_eq!(quantile(&values, 0.5), 50.0);
+        assert_eq!(quantile(&values, 0.99), 99.0);
+        assert_eq!(quantile(&values, 1.0), 100.0);
+        assert!(quantile(&[], 0.5).is_nan());
     }
 }

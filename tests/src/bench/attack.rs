@@ -36,10 +36,10 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::bench::e2e::SERVICE_ENV;
-use crate::bench::pacing::quantile;
 use crate::harness::{free_port, NatsOptions};
 use crate::pipeline::{Backends, Pipeline};
 use crate::sim::{self, Catalog, CatalogSpec, Limit, Period};
+use crate::stats::quantile;
 
 /// The pacer's defaults, restated for the attackers' sizes.
 const MAX_DECISION_IDS: usize = 1_000;

@@ -424,9 +424,9 @@ pub async fn run(s: &Scenario) -> anyhow::Result<Outcome> {
             ..Default::default()
         };
         let (surge_ms, start_ms, end_ms) = (
-            super::stages::unix_ms(surge_wall),
-            super::stages::unix_ms(started_wall),
-            super::stages::unix_ms(end_wall),
+            crate::stats::unix_ms_at(surge_wall),
+            crate::stats::unix_ms_at(started_wall),
+            crate::stats::unix_ms_at(end_wall),
         );
         // Everything stored, the drain's last messages included.
         let stored = super::stages::impressions_stored(
@@ -508,14 +508,4 @@ pub async fn run(s: &Scenario) -> anyhow::Result<Outcome> {
             Some(seen.saturating_duration_since(surge_at).as_secs_f64())
         }),
     })
-}
-
-/// The `q` quantile (0..=1) of `values`, NaN when empty.
-pub fn quantile(values: &[f64], q: f64) -> f64 {
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * q).round() as usize]
 }

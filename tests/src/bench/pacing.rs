@@ -26,6 +26,7 @@ use crate::pipeline::{Backends, Pipeline};
 use crate::sim::{
     self, loop_watch, run_closed_loop, Catalog, CatalogSpec, CostDistribution, LoopConfig, Period,
 };
+use crate::stats::quantile;
 
 /// Settings of the section.
 #[derive(Debug, Clone)]
@@ -216,17 +217,6 @@ async fn one_run(
         0.0
     };
     Ok(result)
-}
-
-/// The value at quantile `q` of `values` (nearest rank); NaN when empty.
-pub fn quantile(values: &[f64], q: f64) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
 }
 
 fn summary(r: &RunResult) -> String {

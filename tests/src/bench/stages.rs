@@ -24,6 +24,8 @@ use adspend_common::codec::decode_spend;
 use adspend_common::nats::{IMPRESSIONS_STREAM, SPEND_STREAM};
 use adspend_common::types::SpendMessage;
 
+use crate::stats::unix_ms_at;
+
 /// `(when, delay)` in unix ms of each message one stage stored (or
 /// received) in the interval.
 #[derive(Debug, Clone, Default)]
@@ -124,7 +126,7 @@ impl PushWatch {
     /// The pushes received in `[from, until)`.
     pub async fn finish(self, from: SystemTime, until: SystemTime) -> anyhow::Result<Delays> {
         self.stop.cancel();
-        let (from, until) = (unix_ms(from), unix_ms(until));
+        let (from, until) = (unix_ms_at(from), unix_ms_at(until));
         let pushes = self.task.await.context("push watch task")?;
         Ok(Delays(
             pushes
@@ -257,7 +259,7 @@ async fn read_stream_with<T>(
         }
         None => stream.info().await?.state.last_sequence,
     };
-    let until_ms = unix_ms(until);
+    let until_ms = unix_ms_at(until);
     let consumer = stream
         .create_consumer(OrderedConfig {
             deliver_policy: DeliverPolicy::ByStartTime {
@@ -320,11 +322,6 @@ fn oldest_ts(payload: &[u8]) -> Option<i64> {
             std::str::from_utf8(&digits).ok()?.parse().ok()
         })
         .min()
-}
-
-pub(crate) fn unix_ms(t: SystemTime) -> i64 {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 #[cfg(test)]

@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
-use adspend_tests::bench::fair::{self, quantile, Scenario, Surge, SOURCES};
+use adspend_tests::bench::fair::{self, Scenario, Surge, SOURCES};
 use adspend_tests::bench::host;
 use adspend_tests::bench::report::{Samples, Table};
+use adspend_tests::stats::quantile;
 
 use crate::Args;
 
