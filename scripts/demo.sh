@@ -20,8 +20,10 @@
 # simulated ad servers as `adserver`, which may publish impressions and
 # nothing else (docs/SECURITY.md).
 #
-# Only what the demo runs is built: the three services, adsim and adcheck
-# (release; several minutes the first time, cargo's progress shown).
+# Only what the demo runs is built: the three services, adsim and adcheck,
+# unoptimized (the `demo` profile; a few minutes the first time, cargo's
+# progress shown). DEMO_PROFILE=release builds them optimized (about ten
+# minutes the first time on 2 cores) for figures that need the speed.
 #
 # Services keep running for the dashboard when started from a terminal
 # (Ctrl-C stops them); otherwise the script stops them and exits.
@@ -34,14 +36,15 @@ mode=${DEMO_MODE:-closed}
 day=${DEMO_DAY:-60s}
 peak_rate=${DEMO_PEAK_RATE:-2000}
 out="$root/demo-out"
+profile=${DEMO_PROFILE:-demo}
 
 bash scripts/install-deps.sh run
-echo "demo: building the services, adsim and adcheck (release; the first build takes several minutes)"
+echo "demo: building the services, adsim and adcheck (profile $profile; the first build takes a few minutes)"
 build_start=$(date +%s)
 # Every line of cargo's shown, each crate numbered with the time so far; a
-# crate that takes long (the services' own, in release) gets a line every
+# crate that takes long (the services' own) gets a line every
 # 30 s, so no step is silent.
-cargo build --release \
+cargo build --profile "$profile" \
   -p adspend-limiter -p adspend-aggregator -p adspend-pacer -p adspend-tests \
   --bin limiter --bin aggregator --bin pacer --bin adsim --bin adcheck 2>&1 |
   while true; do
@@ -57,7 +60,7 @@ cargo build --release \
     fi
   done
 echo "demo: built in $(( $(date +%s) - build_start ))s"
-bin="${CARGO_TARGET_DIR:-$root/target}/release"
+bin="${CARGO_TARGET_DIR:-$root/target}/$profile"
 
 for port in 4222 8222 8080 9101 9102 9103; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
