@@ -4,6 +4,7 @@
 mod alerts;
 mod catalog_watch;
 mod chaos;
+mod checkpoint_record;
 mod closed_loop;
 mod cluster;
 mod config_doc;

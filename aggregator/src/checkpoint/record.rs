@@ -3,12 +3,20 @@
 //! stale aggregator cannot overwrite a newer owner's record (DESIGN.md rule 5:
 //! leases are not mutual exclusion, so every write is fenced).
 //!
+//! In etcd the record is also fenced by its own revision, so that it never
+//! goes back within one owner: a commit that timed out may still be applied
+//! later, after a newer one, and would otherwise put back an older record
+//! whose snapshots the collector has deleted. Reads after taking ownership
+//! must be answered at the revision that took it or later: etcd 3.4 can
+//! answer from a member left behind by a pause (etcd-io/etcd#20418).
+//!
 //! Two backends: etcd (`Txn` comparing the epoch key) and, in single-machine
 //! mode, files in the data directory replaced by fsynced atomic rename.
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetResponse, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use serde::{Deserialize, Serialize};
 
 use adspend_common::error::{Error, Result};
@@ -55,6 +63,13 @@ pub enum CheckpointStore {
         epoch_key: String,
         record_key: String,
         shard: String,
+        /// The etcd revision at which this store took ownership (0 before):
+        /// a read answered at an older one comes from a member that is
+        /// behind, and is asked again.
+        owned_at: i64,
+        /// The record key's revision as this owner last read or wrote it;
+        /// `None` until read, and after a commit whose outcome is unknown.
+        record_rev: Option<i64>,
     },
     Local {
         dir: PathBuf,
@@ -122,6 +137,8 @@ impl CheckpointStore {
             epoch_key: format!("/adspend/shards/{shard}/epoch"),
             record_key: format!("/adspend/shards/{shard}/checkpoint"),
             shard: shard.to_string(),
+            owned_at: 0,
+            record_rev: None,
         }
     }
 
@@ -130,37 +147,50 @@ impl CheckpointStore {
     pub async fn acquire_epoch(&mut self) -> Result<u64> {
         match self {
             CheckpointStore::Etcd {
-                client, epoch_key, ..
-            } => loop {
+                client,
+                epoch_key,
+                owned_at,
+                record_rev,
+                ..
+            } => {
                 let current = client
                     .get(epoch_key.as_str(), None)
                     .await
                     .map_err(etcd_err("get", epoch_key))?;
-                let (epoch, compare) = match current.kvs().first() {
-                    Some(kv) => (
-                        parse_epoch(epoch_key, kv.value())?,
-                        Compare::mod_revision(
-                            epoch_key.as_str(),
-                            CompareOp::Equal,
-                            kv.mod_revision(),
+                let mut current = current
+                    .kvs()
+                    .first()
+                    .map(|kv| (kv.value().to_vec(), kv.mod_revision()));
+                loop {
+                    let (epoch, compare) = match &current {
+                        Some((value, revision)) => (
+                            parse_epoch(epoch_key, value)?,
+                            Compare::mod_revision(epoch_key.as_str(), CompareOp::Equal, *revision),
                         ),
-                    ),
-                    None => (
-                        0,
-                        Compare::create_revision(epoch_key.as_str(), CompareOp::Equal, 0),
-                    ),
-                };
-                let next = epoch + 1;
-                let txn = Txn::new().when(vec![compare]).and_then(vec![TxnOp::put(
-                    epoch_key.as_str(),
-                    next.to_string(),
-                    None,
-                )]);
-                let response = client.txn(txn).await.map_err(etcd_err("txn", epoch_key))?;
-                if response.succeeded() {
-                    return Ok(next);
+                        None => (
+                            0,
+                            Compare::create_revision(epoch_key.as_str(), CompareOp::Equal, 0),
+                        ),
+                    };
+                    let next = epoch + 1;
+                    // On a lost race, the answer carries the epoch as it
+                    // stands (a read could come from a member behind).
+                    let txn = Txn::new()
+                        .when(vec![compare])
+                        .and_then(vec![TxnOp::put(epoch_key.as_str(), next.to_string(), None)])
+                        .or_else(vec![TxnOp::get(epoch_key.as_str(), None)]);
+                    let response = client.txn(txn).await.map_err(etcd_err("txn", epoch_key))?;
+                    if response.succeeded() {
+                        *owned_at = revision_of(&response);
+                        *record_rev = None;
+                        return Ok(next);
+                    }
+                    current = txn_get(&response, 0).and_then(|get| {
+                        let kv = get.kvs().first()?;
+                        Some((kv.value().to_vec(), kv.mod_revision()))
+                    });
                 }
-            },
+            }
             CheckpointStore::Local { dir, .. } => {
                 let _lock = lock_dir(dir)?;
                 let path = dir.join("epoch");
@@ -205,13 +235,17 @@ impl CheckpointStore {
     pub async fn load(&mut self) -> Result<Option<CheckpointRecord>> {
         let (source, bytes) = match self {
             CheckpointStore::Etcd {
-                client, record_key, ..
+                client,
+                record_key,
+                owned_at,
+                record_rev,
+                ..
             } => {
-                let response = client
-                    .get(record_key.as_str(), None)
-                    .await
-                    .map_err(etcd_err("get", record_key))?;
-                match response.kvs().first() {
+                let response =
+                    read_at_least(client, record_key, *owned_at, STALE_READ_PATIENCE).await?;
+                let kv = response.kvs().first();
+                *record_rev = Some(kv.map_or(0, |kv| kv.mod_revision()));
+                match kv {
                     Some(kv) => (record_key.clone(), kv.value().to_vec()),
                     None => return Ok(None),
                 }
@@ -243,25 +277,81 @@ impl CheckpointStore {
                 epoch_key,
                 record_key,
                 shard,
+                record_rev,
+                ..
             } => {
-                let txn = Txn::new()
-                    .when(vec![Compare::value(
-                        epoch_key.as_str(),
-                        CompareOp::Equal,
-                        record.epoch.to_string(),
-                    )])
-                    .and_then(vec![TxnOp::put(record_key.as_str(), json, None)])
-                    .or_else(vec![TxnOp::get(epoch_key.as_str(), None)]);
-                let response = client.txn(txn).await.map_err(etcd_err("txn", record_key))?;
-                if response.succeeded() {
-                    return Ok(());
+                // An unknown revision (-1 matches no key) fails the first
+                // attempt, whose answer then carries the record's revision.
+                let mut expected = record_rev.take().unwrap_or(-1);
+                for _ in 0..COMMIT_ATTEMPTS {
+                    let txn = Txn::new()
+                        .when(vec![
+                            Compare::value(
+                                epoch_key.as_str(),
+                                CompareOp::Equal,
+                                record.epoch.to_string(),
+                            ),
+                            Compare::mod_revision(record_key.as_str(), CompareOp::Equal, expected),
+                        ])
+                        .and_then(vec![TxnOp::put(record_key.as_str(), json.clone(), None)])
+                        .or_else(vec![
+                            TxnOp::get(epoch_key.as_str(), None),
+                            TxnOp::get(record_key.as_str(), None),
+                        ]);
+                    // On an error the outcome is unknown: `record_rev` stays
+                    // `None`, so a late apply of this txn cannot be built on.
+                    let response = client.txn(txn).await.map_err(etcd_err("txn", record_key))?;
+                    if response.succeeded() {
+                        *record_rev = Some(revision_of(&response));
+                        return Ok(());
+                    }
+                    let current = txn_get(&response, 0).and_then(|get| {
+                        let kv = get.kvs().first()?;
+                        Some(String::from_utf8_lossy(kv.value()).into_owned())
+                    });
+                    if current.as_deref().map(str::trim) != Some(record.epoch.to_string().as_str())
+                    {
+                        return Err(Error::Fenced {
+                            shard: shard.clone(),
+                            ours: record.epoch,
+                            current: current.unwrap_or_else(|| "<none>".into()),
+                        });
+                    }
+                    // Still the owner, but the record moved: an earlier commit
+                    // of ours whose answer was lost has landed since. Record
+                    // over it only if it is older than this one: one that is
+                    // ahead means another writer holds this epoch too.
+                    let found = txn_get(&response, 1);
+                    let found = found.as_ref().and_then(|get| get.kvs().first());
+                    let moved_to = found.map_or(0, |kv| kv.mod_revision());
+                    let found_seq = found
+                        .and_then(|kv| serde_json::from_slice::<CheckpointRecord>(kv.value()).ok())
+                        .map(|r| r.seq);
+                    if let Some(found_seq) = found_seq.filter(|&s| s > record.seq) {
+                        return Err(Error::Fenced {
+                            shard: shard.clone(),
+                            ours: record.epoch,
+                            current: format!(
+                                "{} (its record at sequence {found_seq} is ahead of this one at {})",
+                                record.epoch, record.seq
+                            ),
+                        });
+                    }
+                    if expected >= 0 {
+                        tracing::warn!(
+                            shard = shard.as_str(),
+                            expected,
+                            found = moved_to,
+                            "checkpoint record changed under its owner (an earlier commit applied late); recording over it"
+                        );
+                    }
+                    expected = moved_to;
                 }
-                let current = adspend_common::etcd::txn_got_value(&response)
-                    .unwrap_or_else(|| "<none>".into());
-                Err(Error::Fenced {
-                    shard: shard.clone(),
-                    ours: record.epoch,
-                    current,
+                Err(Error::Timeout {
+                    what: format!(
+                        "recording the checkpoint in {record_key} (its revision kept moving)"
+                    ),
+                    after: Duration::ZERO,
                 })
             }
             CheckpointStore::Local { dir, shard } => {
@@ -282,6 +372,64 @@ impl CheckpointStore {
                 write_atomic(&dir.join("checkpoint.json"), &json)
             }
         }
+    }
+}
+
+/// Attempts of one commit: an unknown record revision, then one that moved.
+const COMMIT_ATTEMPTS: usize = 4;
+
+/// How long a read after taking ownership waits for an etcd member that is
+/// behind before giving up (the shard's start then retries).
+const STALE_READ_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The revision a response was answered at (0 if it carries no header).
+fn revision_of(response: &TxnResponse) -> i64 {
+    response.header().map_or(0, |h| h.revision())
+}
+
+/// The `index`th operation's answer of a transaction, if it was a get.
+fn txn_get(response: &TxnResponse, index: usize) -> Option<GetResponse> {
+    match response.op_responses().into_iter().nth(index)? {
+        TxnOpResponse::Get(get) => Some(get),
+        _ => None,
+    }
+}
+
+/// `key` read at revision `at_least` or later. A member behind answers at
+/// an older revision: ask again (the client may pick another member) until
+/// `patience` is spent.
+pub async fn read_at_least(
+    client: &mut etcd_client::Client,
+    key: &str,
+    at_least: i64,
+    patience: Duration,
+) -> Result<GetResponse> {
+    let started = Instant::now();
+    let mut warned = false;
+    loop {
+        let response = client.get(key, None).await.map_err(etcd_err("get", key))?;
+        let revision = response.header().map_or(0, |h| h.revision());
+        if revision >= at_least {
+            return Ok(response);
+        }
+        if started.elapsed() >= patience {
+            return Err(Error::Timeout {
+                what: format!(
+                    "reading {key} at etcd revision {at_least} or later (the member answering stays at {revision})"
+                ),
+                after: patience,
+            });
+        }
+        if !warned {
+            warned = true;
+            tracing::warn!(
+                key,
+                revision,
+                at_least,
+                "an etcd member answered from behind the revision this owner took over at; asking again"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -316,57 +464,4 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn record(epoch: u64, id: u64) -> CheckpointRecord {
-        CheckpointRecord {
-            checkpoint_id: id,
-            seq: id * 10,
-            snapshot_key: format!("s/{id}"),
-            checksum: "x".into(),
-            size_bytes: 1,
-            epoch,
-            lineage: "l".into(),
-            created_ms: 0,
-            deltas: Vec::new(),
-        }
-    }
-
-    #[tokio::test]
-    async fn a_garbled_epoch_is_an_error_naming_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = CheckpointStore::open(&[], dir.path(), "all").await.unwrap();
-        store.acquire_epoch().await.unwrap();
-        let path = dir.path().join("checkpoint").join("epoch");
-        std::fs::write(&path, b"x7").unwrap();
-        for err in [
-            store.acquire_epoch().await.unwrap_err(),
-            store.current_epoch().await.unwrap_err(),
-        ] {
-            let text = err.to_string();
-            assert!(
-                text.contains("owner epoch") && text.contains("\"x7\""),
-                "{text}"
-            );
-            assert!(text.contains(&path.display().to_string()), "{text}");
-        }
-        assert_eq!(std::fs::read(&path).unwrap(), b"x7", "nothing overwritten");
-    }
-
-    #[tokio::test]
-    async fn local_store_fences_stale_owner() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut first = CheckpointStore::open(&[], dir.path(), "all").await.unwrap();
-        assert!(first.load().await.unwrap().is_none());
-        let e1 = first.acquire_epoch().await.unwrap();
-        first.commit(&record(e1, 1)).await.unwrap();
-        let mut second = CheckpointStore::open(&[], dir.path(), "all").await.unwrap();
-        let e2 = second.acquire_epoch().await.unwrap();
-        assert_eq!(e2, e1 + 1);
-        let err = first.commit(&record(e1, 2)).await.unwrap_err();
-        assert!(matches!(err, Error::Fenced { .. }), "{err}");
-        second.commit(&record(e2, 3)).await.unwrap();
-        assert_eq!(second.load().await.unwrap().unwrap(), record(e2, 3));
-    }
-}
+mod tests;

@@ -126,9 +126,10 @@ pub async fn run(
         report.publishes_failed += truth.stats.messages_failed;
     }
     settle(&catalog, config, &mut report).await?;
-    let (samples, violations) = watch.finish().await;
+    let (samples, violations, stale_reads) = watch.finish().await;
     report.samples = samples;
     report.violations = violations;
+    report.etcd_stale_reads = stale_reads;
     Ok(report)
 }
 

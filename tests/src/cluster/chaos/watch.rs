@@ -61,6 +61,10 @@ struct State {
     window: Option<(Instant, WindowResult)>,
     violations: Vec<String>,
     samples: u64,
+    /// The highest etcd revision a read was answered at.
+    etcd_revision: i64,
+    /// Reads answered from before it.
+    stale_reads: Vec<String>,
 }
 
 impl State {
@@ -170,14 +174,19 @@ impl Watch {
         self.state.lock().unwrap().partitions.len()
     }
 
-    /// Stops sampling; returns the samples taken and every violation seen.
-    pub async fn finish(self) -> (u64, Vec<String>) {
+    /// Stops sampling; returns the samples taken, every violation seen and
+    /// every etcd read answered from behind.
+    pub async fn finish(self) -> (u64, Vec<String>, Vec<String>) {
         self.cancel.cancel();
         for task in self.tasks {
             let _ = task.await;
         }
         let state = self.state.lock().unwrap();
-        (state.samples, state.violations.clone())
+        (
+            state.samples,
+            state.violations.clone(),
+            state.stale_reads.clone(),
+        )
     }
 }
 
@@ -277,10 +286,24 @@ async fn sample_etcd(cluster: Arc<Cluster>, state: Arc<Mutex<State>>, cancel: Ca
                 .map(|(p, s)| (*p, s.epoch))
                 .collect()
         };
-        if let Ok(keys) = cluster.etcd_prefix("/adspend/shards/p").await {
+        if let Ok(read) = cluster.etcd_prefix_at("/adspend/shards/p").await {
             let now = Instant::now();
             let mut state = state.lock().unwrap();
             let state = &mut *state;
+            // A member that answers from before a revision already seen is
+            // behind (a pause leaves etcd 3.4 members serving old reads,
+            // etcd-io/etcd#20418): its values are older ones, not values
+            // written back. Counted apart, checked against nothing.
+            let keys = if read.revision < state.etcd_revision {
+                state.stale_reads.push(format!(
+                    "member {:x} answered at revision {} after {} had been read",
+                    read.member, read.revision, state.etcd_revision
+                ));
+                BTreeMap::new()
+            } else {
+                state.etcd_revision = read.revision;
+                read.values
+            };
             for (key, value) in keys {
                 let Some((p, field)) = key
                     .strip_prefix("/adspend/shards/p")

@@ -5,9 +5,19 @@
 use std::collections::BTreeMap;
 
 use anyhow::{ensure, Context};
+use base64::{engine::general_purpose::STANDARD as BASE64, Engine};
 use serde_json::Value;
 
 use super::Cluster;
+
+/// One read of a key prefix, with where etcd answered it from.
+pub struct EtcdRead {
+    /// The store revision the answering member was at.
+    pub revision: i64,
+    /// The answering member's id.
+    pub member: u64,
+    pub values: BTreeMap<String, String>,
+}
 
 impl Cluster {
     /// `etcdctl ARGS` inside the first etcd container that answers.
@@ -44,6 +54,34 @@ impl Cluster {
         ]);
         full.extend_from_slice(args);
         self.run("docker", &full).await
+    }
+
+    /// Every key under `prefix` with its value, and the revision the member
+    /// answered at with its id: a member that a pause left behind answers
+    /// linearizable reads from an older revision (etcd 3.4,
+    /// etcd-io/etcd#20418), which an observer must tell apart from a value
+    /// written back.
+    pub async fn etcd_prefix_at(&self, prefix: &str) -> anyhow::Result<EtcdRead> {
+        let out = self
+            .etcdctl(&["get", "--prefix", prefix, "-w", "json"])
+            .await?;
+        let json: Value = serde_json::from_str(&out).context("etcdctl get -w json")?;
+        let header = &json["header"];
+        let text = |v: &Value| -> anyhow::Result<String> {
+            let bytes = BASE64.decode(v.as_str().unwrap_or_default())?;
+            Ok(String::from_utf8_lossy(&bytes).into_owned())
+        };
+        let mut values = BTreeMap::new();
+        for kv in json["kvs"].as_array().into_iter().flatten() {
+            values.insert(text(&kv["key"])?, text(&kv["value"])?);
+        }
+        Ok(EtcdRead {
+            revision: header["revision"]
+                .as_i64()
+                .context("no revision in the answer")?,
+            member: header["member_id"].as_u64().unwrap_or_default(),
+            values,
+        })
     }
 
     /// Every key under `prefix` with its (single-line) value.
