@@ -206,10 +206,20 @@ pub async fn wait_for_match(
     truth: &Truth,
     timeout: Duration,
 ) -> anyhow::Result<(Comparison, Duration)> {
-    let http = reqwest::Client::new();
+    wait_for_match_with(&reqwest::Client::new(), base, truth, timeout).await
+}
+
+/// [`wait_for_match`] through `http` (a client trusting the pacer's CA and
+/// sending its read token, for a pacer that asks for them).
+pub async fn wait_for_match_with(
+    http: &reqwest::Client,
+    base: &str,
+    truth: &Truth,
+    timeout: Duration,
+) -> anyhow::Result<(Comparison, Duration)> {
     let started = Instant::now();
     loop {
-        let comparison = match fetch_limits(&http, base).await {
+        let comparison = match fetch_limits(http, base).await {
             Ok(limits) => Some(compare(truth, &limits)),
             Err(e) if started.elapsed() >= timeout => return Err(e),
             Err(_) => None,

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use adspend_tests::cluster::chaos::{self, ChaosConfig};
 use adspend_tests::cluster::{
-    connect_as, metric_value, wait_applied, Cluster, Monotonic, Shard, Traffic, AGGREGATORS,
-    PACER_URL, PARTITIONS,
+    connect_as, metric_value, pacer, wait_applied, Cluster, Monotonic, Shard, Traffic, AGGREGATORS,
+    PARTITIONS,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -476,7 +476,7 @@ async fn docker_alerts_once_through_failover() {
 
     // What must have been announced: each threshold the period's spend
     // reached, per the pacer's final figures (equal to the truth above).
-    let limits = adspend_tests::check::fetch_limits(&http(), PACER_URL)
+    let limits = adspend_tests::check::fetch_limits(&http(), &pacer().url)
         .await
         .expect("limits");
     let mut expected = BTreeSet::new();

@@ -9,7 +9,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use adspend_common::config::NatsArgs;
 use adspend_tests::cluster::{
-    metric_sum, nats_args, settle_exact, shards, Cluster, Shard, Traffic, NATS_URL, PARTITIONS,
+    metric_sum, nats_args, pacer, pacer_client, settle_exact, shards, Cluster, PacerAccess, Shard,
+    Traffic, NATS_URL, PARTITIONS,
 };
 use adspend_tests::sim::{generate_catalog, Catalog, CatalogSpec};
 
@@ -29,11 +30,9 @@ pub(super) fn figure(line: &str) {
     println!("cluster figure: {line}");
 }
 
+/// A client of pacer1's API as the host reaches it (pacer-client.env).
 pub(super) fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap()
+    pacer_client(Duration::from_secs(5))
 }
 
 /// Polls the partition owners in etcd until `done` accepts them.
@@ -237,7 +236,57 @@ pub(super) async fn plain_clients_refused(cluster: &Cluster) {
         !peer.status.success(),
         "etcd2 answered a plain peer request: {said}"
     );
-    figure("all up: plaintext and credential-less clients refused by NATS and etcd, plain routes and peers too");
+    pacer_plain_and_tokenless_refused().await;
+    figure("all up: plaintext and credential-less clients refused by NATS, etcd and the pacer, plain routes and peers too");
+}
+
+/// pacer1's API from the host: plain HTTP gets no answer, HTTPS without a
+/// token gets 401 on a read, the read token does not decide, and the client
+/// of pacer-client.env reads.
+async fn pacer_plain_and_tokenless_refused() {
+    let access = pacer();
+    assert!(
+        access.url.starts_with("https://") && access.read_token.is_some(),
+        "pacer-client.env should name an HTTPS URL and a read token: {access:?}"
+    );
+    let plain = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let result = plain.get("http://127.0.0.1:8080/v1/shards").send().await;
+    assert!(result.is_err(), "pacer1 answered plain HTTP: {result:?}");
+    let tokenless = PacerAccess {
+        read_token: None,
+        ..access.clone()
+    }
+    .client(Duration::from_secs(5))
+    .unwrap();
+    let status = tokenless
+        .get(format!("{}/v1/shards", access.url))
+        .send()
+        .await
+        .expect("https without a token")
+        .status();
+    assert_eq!(status, reqwest::StatusCode::UNAUTHORIZED);
+    let with_read = http();
+    let status = with_read
+        .post(format!("{}/v1/decisions", access.url))
+        .json(&serde_json::json!({"ad_ids": ["any"]}))
+        .send()
+        .await
+        .expect("a decision with the read token")
+        .status();
+    assert!(
+        status == reqwest::StatusCode::UNAUTHORIZED || status == reqwest::StatusCode::FORBIDDEN,
+        "the read token decided: {status}"
+    );
+    let status = with_read
+        .get(format!("{}/v1/shards", access.url))
+        .send()
+        .await
+        .expect("https with the read token")
+        .status();
+    assert!(status.is_success(), "the read token was refused: {status}");
 }
 
 /// Polls the cluster's Prometheus (`127.0.0.1:9090`) until `alert` fires
@@ -246,7 +295,7 @@ pub(super) async fn wait_alert(alert: &str, instance: &str) {
     let started = Instant::now();
     let mut last = String::new();
     while started.elapsed() < Duration::from_secs(150) {
-        if let Ok(response) = http().get(PROMETHEUS_ALERTS).send().await {
+        if let Ok(response) = reqwest::Client::new().get(PROMETHEUS_ALERTS).send().await {
             if let Ok(doc) = response.json::<serde_json::Value>().await {
                 let alerts = doc["data"]["alerts"]
                     .as_array()

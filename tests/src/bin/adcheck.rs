@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use adspend_tests::check::wait_for_match;
+use adspend_tests::check::wait_for_match_with;
+use adspend_tests::cluster::PacerAccess;
 use adspend_tests::sim::Truth;
 use clap::Parser;
 
@@ -18,6 +19,12 @@ struct Args {
     /// Ground truth written by `adsim run`.
     #[arg(long, env = "ADCHECK_TRUTH", default_value = "truth.json")]
     truth: PathBuf,
+    /// PEM file of the CA that signed the pacer's certificate (an https:// pacer).
+    #[arg(long, env = "ADSPEND_PACER_TLS_CA")]
+    pacer_ca: Option<PathBuf>,
+    /// Bearer token of the pacer's read scope, when it asks for one.
+    #[arg(long, env = "ADSPEND_PACER_READ_TOKEN", hide_env_values = true)]
+    pacer_token: Option<String>,
     /// Seconds to wait for the pipeline to catch up.
     #[arg(long, default_value_t = 60)]
     timeout: u64,
@@ -36,7 +43,20 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match wait_for_match(&args.pacer, &truth, Duration::from_secs(args.timeout)).await {
+    let access = PacerAccess {
+        url: args.pacer.clone(),
+        ca: args.pacer_ca.clone(),
+        read_token: args.pacer_token.clone(),
+    };
+    let http = match access.client(Duration::from_secs(10)) {
+        Ok(http) => http,
+        Err(e) => {
+            eprintln!("adcheck: error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let timeout = Duration::from_secs(args.timeout);
+    match wait_for_match_with(&http, &args.pacer, &truth, timeout).await {
         Ok((comparison, waited)) => {
             print!("{}", comparison.render(args.show));
             let bad = comparison.mismatches().len();

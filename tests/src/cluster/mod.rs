@@ -19,9 +19,8 @@ mod observe;
 mod traffic;
 
 pub use compose::{
-    metric_sum, metric_value, nats_args, Cluster, ContainerState, AGGREGATORS, PROJECT, SECRETS_DIR,
+    metric_sum, metric_value, nats_args, pacer, pacer_client, Cluster, ContainerState, PacerAccess,
+    AGGREGATORS, PROJECT, SECRETS_DIR,
 };
-pub use observe::{
-    shards, wait_applied, Backwards, Monotonic, Shard, Takeover, PACER_URL, PARTITIONS,
-};
+pub use observe::{shards, wait_applied, Backwards, Monotonic, Shard, Takeover, PARTITIONS};
 pub use traffic::{connect_as, settle_exact, Traffic, NATS_URL};

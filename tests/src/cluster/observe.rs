@@ -11,9 +11,8 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::check::fetch_limits;
+use crate::cluster::compose::{pacer, pacer_client};
 
-/// pacer1's API as the compose file publishes it.
-pub const PACER_URL: &str = "http://127.0.0.1:8080";
 /// `ADSPEND_PARTITIONS` in the compose file.
 pub const PARTITIONS: u32 = 16;
 
@@ -38,7 +37,7 @@ struct ShardDoc {
 
 /// Partition → what the pacer last applied for it.
 pub async fn shards(http: &reqwest::Client) -> anyhow::Result<BTreeMap<u32, Shard>> {
-    let url = format!("{PACER_URL}/v1/shards");
+    let url = format!("{}/v1/shards", pacer().url);
     let response = http.get(&url).send().await.with_context(|| url.clone())?;
     anyhow::ensure!(
         response.status().is_success(),
@@ -174,12 +173,10 @@ impl Monotonic {
 }
 
 async fn sample(seen: Arc<Mutex<Seen>>, cancel: CancellationToken) {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(3))
-        .build()
-        .expect("http client");
+    let http = pacer_client(Duration::from_secs(3));
+    let url = pacer().url;
     loop {
-        let limits = fetch_limits(&http, PACER_URL).await;
+        let limits = fetch_limits(&http, &url).await;
         let parts = shards(&http).await;
         {
             let mut seen = seen.lock().unwrap();

@@ -7,8 +7,8 @@ use async_nats::jetstream;
 use tokio_util::sync::CancellationToken;
 
 use super::compose::nats_args;
-use super::observe::PACER_URL;
-use crate::check::{wait_for_match, Comparison};
+use super::compose::{pacer, pacer_client};
+use crate::check::{wait_for_match_with, Comparison};
 use crate::sim::{self, Catalog, SimConfig, Truth};
 use crate::stream_truth::truth_from_stream;
 
@@ -132,7 +132,8 @@ pub async fn settle_exact(
             "IMPRESSIONS holds other spend than the simulator's acknowledged truth"
         );
     }
-    let (comparison, took) = wait_for_match(PACER_URL, &stream, timeout).await?;
+    let http = pacer_client(Duration::from_secs(10));
+    let (comparison, took) = wait_for_match_with(&http, &pacer().url, &stream, timeout).await?;
     let mismatches = comparison.mismatches().len();
     ensure!(
         mismatches == 0,

@@ -27,10 +27,11 @@ use rand::{Rng, SeedableRng};
 use self::plan::{Action, Template};
 pub use self::report::{FaultRecord, Report};
 use self::watch::Watch;
+use super::compose::pacer;
 use super::compose::Cluster;
-use super::observe::{PACER_URL, PARTITIONS};
+use super::observe::PARTITIONS;
 use super::traffic::{connect_as, Traffic};
-use crate::check::wait_for_match;
+use crate::check::wait_for_match_with;
 use crate::sim::{generate_catalog, Catalog, CatalogSpec};
 use crate::stream_truth::truth_from_stream;
 
@@ -70,6 +71,8 @@ const CATALOG_KEY: &str = "/adspend/catalog";
 /// Limits and ads the campaign adds to a small catalog, under this prefix.
 const PREFIX: &str = "chaos-";
 const ADS: u32 = 200;
+/// The watch's requests to the pacer.
+const WATCH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Runs the campaign against a running project; `say` gets each progress line.
 pub async fn run(
@@ -78,7 +81,8 @@ pub async fn run(
     mut say: impl FnMut(String),
 ) -> anyhow::Result<Report> {
     let catalog = ensure_catalog(&cluster, &mut say).await?;
-    let watch = Watch::start(cluster.clone(), PACER_URL);
+    let access = pacer();
+    let watch = Watch::start(cluster.clone(), &access.url, access.client(WATCH_TIMEOUT)?);
     say("waiting for every partition to apply and checkpoint".into());
     wait_partitions(&watch, config.recover_timeout).await?;
     let mut traffic = Vec::new();
@@ -159,7 +163,11 @@ async fn one_fault(
             .await?
             .data_ip
             .context("pacer2 has no address on the data network")?;
-        watch.switch_pacer(&format!("http://{ip}:8080"));
+        // pacer2 by its name in the pacers' certificate, at its address.
+        let access = pacer();
+        let addr = format!("{ip}:8080").parse().context("pacer2's address")?;
+        let http = access.client_resolving(WATCH_TIMEOUT, "pacer2", addr)?;
+        watch.switch_pacer(&access.url_of("pacer2"), http);
     }
     watch.open_window();
     for action in actions {
@@ -174,7 +182,8 @@ async fn one_fault(
             .with_context(|| format!("healing {}", action.describe()))?;
     }
     if pacer1_hit {
-        watch.switch_pacer(PACER_URL);
+        let access = pacer();
+        watch.switch_pacer(&access.url, access.client(WATCH_TIMEOUT)?);
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let healed = Instant::now();
@@ -267,7 +276,8 @@ async fn ensure_catalog(
     cluster
         .etcdctl_put(CATALOG_KEY, &serde_json::to_string(&catalog)?)
         .await?;
-    let http = reqwest::Client::new();
+    let access = pacer();
+    let http = access.client(Duration::from_secs(10))?;
     let probe = catalog
         .limits
         .keys()
@@ -275,7 +285,7 @@ async fn ensure_catalog(
         .cloned();
     let started = Instant::now();
     loop {
-        let limits = crate::check::fetch_limits(&http, PACER_URL)
+        let limits = crate::check::fetch_limits(&http, &access.url)
             .await
             .unwrap_or_default();
         if limits.iter().any(|l| Some(&l.limit_id) == probe.as_ref()) {
@@ -299,7 +309,10 @@ async fn settle(
 ) -> anyhow::Result<()> {
     let client = connect_as("auditor").await?;
     let truth = truth_from_stream(&client, catalog).await?;
-    let (comparison, took) = wait_for_match(PACER_URL, &truth, config.settle_timeout).await?;
+    let access = pacer();
+    let http = access.client(Duration::from_secs(10))?;
+    let (comparison, took) =
+        wait_for_match_with(&http, &access.url, &truth, config.settle_timeout).await?;
     report.limits = comparison.rows.len();
     report.mismatches = comparison.mismatches().len();
     report.total_micros = comparison.total_truth();

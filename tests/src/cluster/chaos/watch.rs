@@ -55,7 +55,8 @@ struct Partition {
 
 #[derive(Default)]
 struct State {
-    pacer: String,
+    /// The pacer watched: its API's URL and a client for it.
+    pacer: (String, reqwest::Client),
     partitions: BTreeMap<u32, Partition>,
     lifetime: BTreeMap<String, u64>,
     window: Option<(Instant, WindowResult)>,
@@ -106,9 +107,10 @@ pub struct Watch {
 }
 
 impl Watch {
-    pub fn start(cluster: Arc<Cluster>, pacer: &str) -> Watch {
+    /// Watches the pacer at `url` through `http`.
+    pub fn start(cluster: Arc<Cluster>, url: &str, http: reqwest::Client) -> Watch {
         let state = Arc::new(Mutex::new(State {
-            pacer: pacer.to_owned(),
+            pacer: (url.to_owned(), http),
             ..State::default()
         }));
         let cancel = CancellationToken::new();
@@ -125,9 +127,9 @@ impl Watch {
 
     /// Watch another pacer from now on (the usual one is under a fault),
     /// forgetting the values seen, which belonged to another process.
-    pub fn switch_pacer(&self, url: &str) {
+    pub fn switch_pacer(&self, url: &str, http: reqwest::Client) {
         let mut state = self.state.lock().unwrap();
-        state.pacer = url.to_owned();
+        state.pacer = (url.to_owned(), http);
         state.lifetime.clear();
         for p in state.partitions.values_mut() {
             p.seq = 0;
@@ -208,13 +210,9 @@ async fn fetch_shards(http: &reqwest::Client, base: &str) -> anyhow::Result<Vec<
 }
 
 async fn sample_pacer(state: Arc<Mutex<State>>, cancel: CancellationToken) {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build()
-        .expect("http client");
     let mut round = 0u64;
     loop {
-        let base = state.lock().unwrap().pacer.clone();
+        let (base, http) = state.lock().unwrap().pacer.clone();
         let shards = fetch_shards(&http, &base).await;
         // Limits page through everything: once a second is enough.
         let limits = if round.is_multiple_of(5) {
@@ -226,7 +224,7 @@ async fn sample_pacer(state: Arc<Mutex<State>>, cancel: CancellationToken) {
         {
             let mut state = state.lock().unwrap();
             let state = &mut *state;
-            if state.pacer == base {
+            if state.pacer.0 == base {
                 if let Ok(shards) = shards {
                     state.samples += 1;
                     observe_shards(state, shards);

@@ -21,7 +21,7 @@ mod metrics;
 mod secrets;
 
 pub use metrics::{metric_sum, metric_value};
-pub use secrets::{nats_args, SECRETS_DIR};
+pub use secrets::{nats_args, pacer, pacer_client, PacerAccess, SECRETS_DIR};
 
 /// The compose project the tests run (the hand-run cluster is `adspend`, so
 /// `scripts/cluster.sh down` of one never removes the other's volumes).
