@@ -14,6 +14,8 @@
 #   scripts/cluster.sh scale N        run aggregator1..aggregatorN (1..4); the others stop cleanly
 #   scripts/cluster.sh demo [EVENTS]  publish EVENTS impressions (10% duplicates) with adsim for the
 #                                     loaded catalog, then compare the pacer with the truth (adcheck)
+#   scripts/cluster.sh freshness [RATE] [SECONDS]  publish RATE events/s (default 45000) for SECONDS
+#                                     (default 60) with adsim; print pacer1's freshness p50/p90/p99
 #   scripts/cluster.sh chaos --faults N --seed S  the random fault campaign against the running
 #                                     cluster (docs/CLUSTER.md); last line: chaos: N faults, M mismatches
 #
@@ -348,6 +350,25 @@ cmd_scale() {
   wait_healthy 120 "${up[@]}"
 }
 
+# The pacer holds everything published since `start`: add a run's truth to
+# the project's, which `demo` compares the pacer with.
+add_to_demo_truth() {
+  python3 - "$1" "$(demo_truth)" <<'PY'
+import json, os, sys
+run = json.load(open(sys.argv[1]))
+path = sys.argv[2]
+if os.path.exists(path):
+    total = json.load(open(path))
+    for limit, t in run["limits"].items():
+        acc = total["limits"].setdefault(limit, {"lifetime_micros": 0})
+        acc["lifetime_micros"] += t["lifetime_micros"]
+        for day, micros in t.get("daily", {}).items():
+            acc.setdefault("daily", {})[day] = acc.get("daily", {}).get(day, 0) + micros
+    run["limits"] = total["limits"]
+json.dump(run, open(path, "w"))
+PY
+}
+
 cmd_demo() {
   require_docker
   local events=${1:-100000} out="$root/target/cluster-demo" started
@@ -371,25 +392,57 @@ cmd_demo() {
   ( set -a; . "$secrets/adserver.env"; set +a
   "$tools/adsim" run --nats-url nats://127.0.0.1:4222 --catalog "$out/catalog.json" \
     --truth-out "$out/run-truth.json" --events "$events" --duplicate-rate 0.1 --batch 100 )
-  # The pacer holds everything since `up`: compare with every demo's truth added up.
-  python3 - "$out/run-truth.json" "$(demo_truth)" <<'PY'
-import json, os, sys
-run = json.load(open(sys.argv[1]))
-path = sys.argv[2]
-if os.path.exists(path):
-    total = json.load(open(path))
-    for limit, t in run["limits"].items():
-        acc = total["limits"].setdefault(limit, {"lifetime_micros": 0})
-        acc["lifetime_micros"] += t["lifetime_micros"]
-        for day, micros in t.get("daily", {}).items():
-            acc.setdefault("daily", {})[day] = acc.get("daily", {}).get(day, 0) + micros
-    run["limits"] = total["limits"]
-json.dump(run, open(path, "w"))
-PY
+  add_to_demo_truth "$out/run-truth.json"
   # As a host client of the pacer: its URL, CA and read token.
   ( set -a; [ ! -f "$secrets/pacer-client.env" ] || . "$secrets/pacer-client.env"; set +a
   "$tools/adcheck" --pacer "$(pacer_url)" --truth "$(demo_truth)" --timeout 120 --show 15 )
   say "pacer equal to the truth $(elapsed "$started") after the first publish"
+}
+
+# pacer1's freshness histogram (adspend_pacer_freshness_seconds), "le count"
+# per line, from its metrics port at its address on the data network.
+freshness_buckets() {
+  local ip
+  ip=$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$(container pacer1)" | awk '{print $1}')
+  curl -sf "http://$ip:9103/metrics" \
+    | sed -n 's/^adspend_pacer_freshness_seconds_bucket{.*le="\([^"]*\)".*} \([0-9.e+]*\)$/\1 \2/p'
+}
+
+cmd_freshness() {
+  require_docker
+  local rate=${1:-45000} secs=${2:-60} out="$root/target/cluster-demo" before after
+  [[ "$rate" =~ ^[0-9]+$ && "$secs" =~ ^[0-9]+$ ]] || die "freshness takes RATE (events/s) and SECONDS, both whole numbers"
+  [ -n "$(container pacer1)" ] || die "the cluster is not running: bash scripts/cluster.sh up"
+  say "building adsim (debug)"
+  cargo build -p adspend-tests --bin adsim
+  mkdir -p "$out"
+  docker exec "$(container etcd1)" etcdctl get --print-value-only "$catalog_key" >"$out/catalog.json"
+  [ -s "$out/catalog.json" ] || die "no catalog in etcd at $catalog_key"
+  before=$(freshness_buckets) || die "pacer1's metrics (port 9103) do not answer"
+  say "publishing $rate events/s for ${secs}s (10% duplicates) as the adserver role"
+  ( set -a; . "$secrets/adserver.env"; set +a
+  "$target_dir/debug/adsim" run --nats-url nats://127.0.0.1:4222 --catalog "$out/catalog.json" \
+    --truth-out "$out/freshness-truth.json" --events $((rate * secs)) --duration "${secs}s" \
+    --rate "$rate" --duplicate-rate 0.1 --batch 100 )
+  add_to_demo_truth "$out/freshness-truth.json"
+  sleep 3
+  after=$(freshness_buckets)
+  # Quantiles of the run's pushes as the histogram's bucket bounds (p99 <= X).
+  python3 - "$before" "$after" "$rate" <<'PY'
+import sys
+def parse(text):
+    return {le: float(n) for le, n in (line.split() for line in text.splitlines() if line.strip())}
+before, after = parse(sys.argv[1]), parse(sys.argv[2])
+bounds = sorted((float("inf") if le == "+Inf" else float(le), after[le] - before.get(le, 0)) for le in after)
+total = bounds[-1][1]
+if total <= 0:
+    sys.exit("cluster: pacer1 received no pushes with new spend during the run")
+def q(p):
+    return next(le for le, n in bounds if n >= p * total)
+show = lambda s: "over 30 s" if s == float("inf") else "%.0f ms" % (s * 1000)
+print("cluster: pacer1 freshness at %s events/s over %d pushes: p50 <= %s, p90 <= %s, p99 <= %s (bucket bounds)"
+      % (sys.argv[3], total, show(q(0.5)), show(q(0.9)), show(q(0.99))))
+PY
 }
 
 cmd_chaos() {
@@ -416,6 +469,7 @@ case "${1:-}" in
   scale) shift; cmd_scale "$@" ;;
   demo) shift; cmd_demo "$@" ;;
   chaos) shift; cmd_chaos "$@" ;;
+  freshness) shift; cmd_freshness "$@" ;;
   *)
     sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
