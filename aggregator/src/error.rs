@@ -114,14 +114,6 @@ impl Error {
         !self.is_retryable() && !self.lost_ownership()
     }
 
-    /// How the process ends when this error reaches `main`.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            Error::Common(e) => e.exit_code(),
-            _ => adspend_common::error::EXIT_FAILURE,
-        }
-    }
-
     pub fn lmdb(path: &std::path::Path, op: &'static str) -> impl FnOnce(heed::Error) -> Self {
         let path = path.to_path_buf();
         move |source| Error::Lmdb { path, op, source }
@@ -146,6 +138,7 @@ impl Error {
 mod tests {
     use super::*;
     use adspend_common::error::{EXIT_BAD_SETTING, EXIT_FAILURE};
+    use adspend_common::service::Failure;
 
     #[test]
     fn outages_are_retried_ownership_moves_let_go_and_bad_data_stops() {

@@ -41,14 +41,22 @@ const METRICS_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest request head read on the metrics listener.
 const METRICS_MAX_HEAD: usize = 8 * 1024;
 
-/// An error that decides how the process ends.
+/// An error that decides how the process ends: a common error by its own
+/// code (a bad setting exits 64), anything a service adds to it exits 1.
+/// The services' errors only say which of theirs is a common one.
 pub trait Failure: std::error::Error {
-    fn exit_code(&self) -> u8;
+    /// The common error this one is, if it is one.
+    fn common(&self) -> Option<&Error>;
+
+    /// How the process ends when this error reaches `main`.
+    fn exit_code(&self) -> u8 {
+        self.common().map_or(EXIT_FAILURE, Error::exit_code)
+    }
 }
 
 impl Failure for Error {
-    fn exit_code(&self) -> u8 {
-        Error::exit_code(self)
+    fn common(&self) -> Option<&Error> {
+        Some(self)
     }
 }
 

@@ -30,19 +30,12 @@ impl Error {
             Error::Consumer { .. } | Error::Subscribe { .. } => true,
         }
     }
-
-    /// How the process ends when this error reaches `main`.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            Error::Common(e) => e.exit_code(),
-            Error::Consumer { .. } | Error::Subscribe { .. } => adspend_common::error::EXIT_FAILURE,
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use adspend_common::service::Failure;
 
     #[test]
     fn a_consumer_error_keeps_its_source_is_retried_and_exits_1() {

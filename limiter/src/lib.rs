@@ -57,8 +57,11 @@ impl Service for Validated {
 }
 
 impl service::Failure for Error {
-    fn exit_code(&self) -> u8 {
-        Error::exit_code(self)
+    fn common(&self) -> Option<&adspend_common::Error> {
+        match self {
+            Error::Common(e) => Some(e),
+            _ => None,
+        }
     }
 }
 

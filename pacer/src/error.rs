@@ -26,12 +26,4 @@ impl Error {
             Error::Serve(_) => false,
         }
     }
-
-    /// How the process ends when this error reaches `main`.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            Error::Common(e) => e.exit_code(),
-            Error::Subscribe { .. } | Error::Serve(_) => adspend_common::error::EXIT_FAILURE,
-        }
-    }
 }
