@@ -9,8 +9,6 @@ use adspend_common::env;
 use adspend_common::Error;
 use clap::Parser;
 
-use crate::snapshot_store::SnapshotStore;
-
 /// Environment variable of [`Config::accept_loss`]. Its own here (not in
 /// `adspend_common::env`, which is maintained elsewhere); docs/CONFIGURATION.md
 /// has its row.
@@ -105,13 +103,72 @@ impl Ownership {
     }
 }
 
+/// Where snapshots go: `ADSPEND_OBJECT_STORE_URL` parsed. A setting only;
+/// the store is opened when the aggregator starts
+/// ([`SnapshotStore::open`](crate::snapshot_store::SnapshotStore::open)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SnapshotUrl {
+    /// `file:///dir`.
+    File { url: String, dir: PathBuf },
+    /// `s3://bucket/prefix` (credentials and endpoint from `AWS_*`).
+    S3 {
+        url: String,
+        bucket: String,
+        prefix: String,
+    },
+}
+
+impl SnapshotUrl {
+    pub fn parse(url: &str) -> Result<Self, Error> {
+        if let Some(path) = url.strip_prefix("file://") {
+            if path.is_empty() {
+                return Err(Self::bad(url, "no directory after file://"));
+            }
+            return Ok(SnapshotUrl::File {
+                url: url.to_string(),
+                dir: PathBuf::from(path),
+            });
+        }
+        if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(Self::bad(url, "no bucket after s3://"));
+            }
+            return Ok(SnapshotUrl::S3 {
+                url: url.to_string(),
+                bucket: bucket.to_string(),
+                prefix: prefix.trim_matches('/').to_string(),
+            });
+        }
+        Err(Self::bad(
+            url,
+            "expected file:///<dir> or s3://<bucket>/<prefix>",
+        ))
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            SnapshotUrl::File { url, .. } | SnapshotUrl::S3 { url, .. } => url,
+        }
+    }
+
+    /// The setting's error for `url`, naming it.
+    pub fn bad(url: &str, reason: impl Into<String>) -> Error {
+        Error::Config {
+            name: env::OBJECT_STORE_URL,
+            value: url.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
 /// The settings once validated: what [`Config`] holds, with every value
 /// that needs parsing parsed, once.
 #[derive(Clone, Debug)]
 pub struct Validated {
     pub config: Config,
     pub ownership: Ownership,
-    pub snapshots: SnapshotStore,
+    pub snapshots: SnapshotUrl,
     pub metrics_addr: SocketAddr,
 }
 
@@ -204,7 +261,7 @@ impl Config {
             }
         }
         self.parse_accept_loss()?;
-        let snapshots = SnapshotStore::from_url(&self.object_store_url())?;
+        let snapshots = SnapshotUrl::parse(&self.object_store_url())?;
         let metrics_addr = parse_addr(env::METRICS_ADDR, &self.metrics_addr)?;
         Ok(Validated {
             config: self,

@@ -52,10 +52,11 @@ pub use checkpoint::{checkpointer, record, restore};
 use std::net::SocketAddr;
 
 use crate::checkpoint::record::CheckpointStore;
+use crate::snapshot_store::SnapshotStore;
 use adspend_common::nats;
 use adspend_common::service::{self, Context, Service};
 
-pub use config::{Config, Ownership, Validated};
+pub use config::{Config, Ownership, SnapshotUrl, Validated};
 pub use error::Error;
 
 impl Service for Validated {
@@ -100,6 +101,8 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
         ..
     } = validated;
     let Context { shutdown, tasks } = context;
+    // First: a store that cannot be opened is a setting to fix (exit 64).
+    let snapshots = SnapshotStore::open(&snapshots)?;
     adspend_common::telemetry::describe(telemetry::DESCRIPTIONS);
     let client = nats::connect(&config.nats, "adspend-aggregator").await?;
     let name = ownership.shard();

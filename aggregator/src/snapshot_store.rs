@@ -14,8 +14,9 @@ use object_store::path::Path as ObjectPath;
 use object_store::{GetResultPayload, ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use adspend_common::env;
 use adspend_common::error::{Error, Result};
+
+use crate::config::SnapshotUrl;
 
 mod bucket;
 mod local;
@@ -88,52 +89,52 @@ pub(crate) fn is_bucket_missing(error: &Error) -> bool {
 }
 
 impl SnapshotStore {
+    /// [`SnapshotUrl::parse`] and [`SnapshotStore::open`].
     pub fn from_url(url: &str) -> Result<Self> {
-        let bad = |reason: String| Error::Config {
-            name: env::OBJECT_STORE_URL,
-            value: url.to_string(),
-            reason,
-        };
-        if let Some(path) = url.strip_prefix("file://") {
-            if path.is_empty() {
-                return Err(bad("no directory after file://".into()));
+        Self::open(&SnapshotUrl::parse(url)?)
+    }
+
+    /// The store at `url`: a `file://` directory is created; an `s3://`
+    /// client takes its credentials and endpoint from `AWS_*`. Errors name
+    /// the setting.
+    pub fn open(url: &SnapshotUrl) -> Result<Self> {
+        let bad = |reason: String| SnapshotUrl::bad(url.as_str(), reason);
+        match url {
+            SnapshotUrl::File { url, dir } => {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| bad(format!("cannot create directory: {e}")))?;
+                let root = dir
+                    .canonicalize()
+                    .map_err(|e| bad(format!("cannot resolve directory: {e}")))?;
+                let store = object_store::local::LocalFileSystem::new_with_prefix(&root)
+                    .map_err(|e| bad(e.to_string()))?;
+                Ok(SnapshotStore {
+                    store: Arc::new(store),
+                    prefix: ObjectPath::default(),
+                    url: url.clone(),
+                    local_root: Some(root),
+                    bucket: None,
+                })
             }
-            let root = PathBuf::from(path);
-            std::fs::create_dir_all(&root)
-                .map_err(|e| bad(format!("cannot create directory: {e}")))?;
-            let root = root
-                .canonicalize()
-                .map_err(|e| bad(format!("cannot resolve directory: {e}")))?;
-            let store = object_store::local::LocalFileSystem::new_with_prefix(&root)
-                .map_err(|e| bad(e.to_string()))?;
-            return Ok(SnapshotStore {
-                store: Arc::new(store),
-                prefix: ObjectPath::default(),
-                url: url.to_string(),
-                local_root: Some(root),
-                bucket: None,
-            });
-        }
-        if let Some(rest) = url.strip_prefix("s3://") {
-            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-            if bucket.is_empty() {
-                return Err(bad("no bucket after s3://".into()));
+            SnapshotUrl::S3 {
+                url,
+                bucket,
+                prefix,
+            } => {
+                let builder =
+                    object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+                let store = builder.clone().build().map_err(|e| bad(e.to_string()))?;
+                let bucket = bucket::S3Bucket::new(bucket, &builder, store.credentials().clone())
+                    .map_err(bad)?;
+                Ok(SnapshotStore {
+                    store: Arc::new(store),
+                    prefix: ObjectPath::from(prefix.as_str()),
+                    url: url.clone(),
+                    local_root: None,
+                    bucket: Some(Arc::new(bucket)),
+                })
             }
-            let builder = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
-            let store = builder.clone().build().map_err(|e| bad(e.to_string()))?;
-            let bucket = bucket::S3Bucket::new(bucket, &builder, store.credentials().clone())
-                .map_err(bad)?;
-            return Ok(SnapshotStore {
-                store: Arc::new(store),
-                prefix: ObjectPath::from(prefix.trim_matches('/')),
-                url: url.to_string(),
-                local_root: None,
-                bucket: Some(Arc::new(bucket)),
-            });
         }
-        Err(bad(
-            "expected file:///<dir> or s3://<bucket>/<prefix>".into()
-        ))
     }
 
     pub fn url(&self) -> &str {
@@ -364,6 +365,7 @@ impl SnapshotStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use adspend_common::env;
 
     #[tokio::test]
     async fn file_store_roundtrip_with_checksum() {
