@@ -112,6 +112,24 @@ async fn tokens_ops_listener_and_a_silent_shard_going_stale() {
     );
 
     // Fresh: the aggregator's pushes (and heartbeats) keep every limit live.
+    // Wait for its first push: before any, a young pacer's limits count as
+    // fresh too, and a slow start would leave nothing to go stale below.
+    wait_until_ok(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let shards: Value = get(&http, &format!("{url}/v1/shards"), Some(READ))
+                .await
+                .json()
+                .await?;
+            match shards["shards"].as_array() {
+                Some(s) if !s.is_empty() && s.iter().all(|s| s["stale"] == false) => Ok(()),
+                _ => bail!("no fresh shard yet: {shards}"),
+            }
+        },
+    )
+    .await
+    .expect("the aggregator's pushes reach the pacer");
     let count = wait_until_ok(Duration::from_secs(30), Duration::from_millis(200), || {
         all_stale(&http, &url, false)
     })
