@@ -249,10 +249,12 @@ pacer_get() {
     ca=$(sed -n 's/^ADSPEND_PACER_TLS_CA=//p' "$env")
     token=$(sed -n 's/^ADSPEND_PACER_READ_TOKEN=//p' "$env")
   fi
-  local auth=()
-  # The token goes in through a file descriptor, not the command line.
-  [ -z "$token" ] || auth=(-H @<(printf 'Authorization: Bearer %s\n' "$token"))
-  curl -sf ${ca:+--cacert "$ca"} "${auth[@]}" "$url$1"
+  if [ -z "$token" ]; then
+    curl -sf ${ca:+--cacert "$ca"} "$url$1"
+  else
+    # The token goes in on stdin, not on the command line.
+    curl -sf ${ca:+--cacert "$ca"} -H @- "$url$1" <<<"Authorization: Bearer $token"
+  fi
 }
 
 # pacer1's API URL as the host reaches it.
