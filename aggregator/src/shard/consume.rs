@@ -12,6 +12,7 @@ use adspend_common::now_ms;
 use adspend_common::telemetry::{SPEND_SET_ASIDE_TOTAL, STREAM_INTEGRITY_ERRORS_TOTAL};
 use async_nats::jetstream::consumer::{pull::OrderedConfig, DeliverPolicy};
 use async_nats::jetstream::stream::Stream;
+use async_nats::jetstream::Message;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -155,101 +156,8 @@ impl Consumer {
                     }
                 }
             };
-            let mut integrity = tokio::time::interval(INTEGRITY_CHECK);
-            integrity.tick().await;
-            let mut last_received = Instant::now();
-            let mut last_gap_check: Option<Instant> = None;
-            // The stream had nothing behind the last message received (or
-            // nothing was received yet on a caught-up start), and the
-            // sequence of the last one handed to the writer.
-            let mut idle = tokio::time::interval(IDLE_CHECK);
-            loop {
-                let next = tokio::select! {
-                    _ = cancel.cancelled() => return Ok(()),
-                    next = messages.next() => next,
-                    // Nothing arrives: if the last message read had nothing
-                    // behind it and the writer applied everything handed to
-                    // it, the sums are complete as of now.
-                    _ = idle.tick() => {
-                        if self.last_pending == 0 && last_received.elapsed() >= IDLE_CHECK {
-                            self.dirty.caught_up(self.last_sent_seq, now_ms());
-                        }
-                        continue;
-                    }
-                    // The consumer recreates itself inside the client after a
-                    // server restart; a stream that lost data then simply goes
-                    // quiet. Look at its bounds now and then.
-                    _ = integrity.tick() => {
-                        match check_bounds(&mut self.stream, self.next_seq - 1).await {
-                            Err(e) if !e.is_retryable() => return Err(e),
-                            // Messages wait in the stream but none arrive: the
-                            // consumer was lost (a server restart); recreate it.
-                            Ok(last) if last >= self.next_seq && last_received.elapsed() >= STALL => {
-                                tracing::warn!(next_seq = self.next_seq, last_seq = last, "SPEND consumer stalled; recreating");
-                                break;
-                            }
-                            _ => continue,
-                        }
-                    }
-                };
-                let message = match next {
-                    Some(Ok(m)) => m,
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, next_seq = self.next_seq, "SPEND consumer error; recreating");
-                        break;
-                    }
-                    None => break,
-                };
-                let info = message
-                    .info()
-                    .map_err(Error::consumer("message metadata"))?;
-                let seq = info.stream_sequence;
-                last_received = Instant::now();
-                if seq < self.next_seq {
-                    continue;
-                }
-                // A jump: normal when filtering some partitions (the others'
-                // messages are skipped), a lost range otherwise. Where the
-                // stream's head moved past what we need, stop loudly.
-                if seq > self.next_seq
-                    && (self.owned.is_none() || last_gap_check.is_none_or(|t| t.elapsed() >= STALL))
-                {
-                    last_gap_check = Some(Instant::now());
-                    match check_bounds(&mut self.stream, self.next_seq - 1).await {
-                        Err(e) if !e.is_retryable() => return Err(e),
-                        // Unreachable for now: the next message or tick looks again.
-                        _ => {}
-                    }
-                }
-                let decoded = match decode_spend(&message.payload) {
-                    Ok(decoded) => decoded,
-                    Err(e) => {
-                        // Data, not environment: set it aside and go on. A
-                        // replay reaches the same message and the same decision.
-                        set_aside(
-                            &self.deadletters,
-                            seq,
-                            &message.subject,
-                            &message.payload,
-                            &e.to_string(),
-                        )
-                        .await;
-                        self.next_seq = seq + 1;
-                        continue;
-                    }
-                };
-                let incoming = Incoming {
-                    seq,
-                    stream_ms: (info.published.unix_timestamp_nanos() / 1_000_000) as i64,
-                    pending: info.pending,
-                    message: decoded,
-                };
-                self.last_pending = incoming.pending;
-                if self.tx.send(incoming).await.is_err() {
-                    return Ok(());
-                }
-                self.last_sent_seq = seq;
-                self.next_seq = seq + 1;
+            if let Next::Stop = self.drain(&mut messages, &cancel).await? {
+                return Ok(());
             }
             tokio::select! {
                 _ = cancel.cancelled() => return Ok(()),
@@ -257,6 +165,140 @@ impl Consumer {
             }
         }
     }
+
+    /// Hands what one consumer delivers to the writer until it must be
+    /// recreated (an error, an end, a stall) or the consumer stops (a
+    /// cancel, the writer gone).
+    async fn drain<S, E>(
+        &mut self,
+        messages: &mut S,
+        cancel: &CancellationToken,
+    ) -> Result<Next, Error>
+    where
+        S: futures::Stream<Item = Result<Message, E>> + Unpin,
+        E: std::fmt::Display,
+    {
+        let mut integrity = tokio::time::interval(INTEGRITY_CHECK);
+        integrity.tick().await;
+        let mut last_received = Instant::now();
+        let mut last_gap_check: Option<Instant> = None;
+        // The stream had nothing behind the last message received (or
+        // nothing was received yet on a caught-up start), and the
+        // sequence of the last one handed to the writer.
+        let mut idle = tokio::time::interval(IDLE_CHECK);
+        loop {
+            let next = tokio::select! {
+                _ = cancel.cancelled() => return Ok(Next::Stop),
+                next = messages.next() => next,
+                // Nothing arrives: if the last message read had nothing
+                // behind it and the writer applied everything handed to
+                // it, the sums are complete as of now.
+                _ = idle.tick() => {
+                    if self.last_pending == 0 && last_received.elapsed() >= IDLE_CHECK {
+                        self.dirty.caught_up(self.last_sent_seq, now_ms());
+                    }
+                    continue;
+                }
+                // The consumer recreates itself inside the client after a
+                // server restart; a stream that lost data then simply goes
+                // quiet. Look at its bounds now and then.
+                _ = integrity.tick() => {
+                    match check_bounds(&mut self.stream, self.next_seq - 1).await {
+                        Err(e) if !e.is_retryable() => return Err(e),
+                        // Messages wait in the stream but none arrive: the
+                        // consumer was lost (a server restart); recreate it.
+                        Ok(last) if last >= self.next_seq && last_received.elapsed() >= STALL => {
+                            tracing::warn!(next_seq = self.next_seq, last_seq = last, "SPEND consumer stalled; recreating");
+                            return Ok(Next::Recreate);
+                        }
+                        _ => continue,
+                    }
+                }
+            };
+            let message = match next {
+                Some(Ok(m)) => m,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, next_seq = self.next_seq, "SPEND consumer error; recreating");
+                    return Ok(Next::Recreate);
+                }
+                None => return Ok(Next::Recreate),
+            };
+            last_received = Instant::now();
+            if let Next::Stop = self.handle(message, &mut last_gap_check).await? {
+                return Ok(Next::Stop);
+            }
+        }
+    }
+
+    /// One delivered message: skipped when replayed, set aside when it
+    /// does not decode, else handed to the writer (`Stop` once the writer
+    /// is gone).
+    async fn handle(
+        &mut self,
+        message: Message,
+        last_gap_check: &mut Option<Instant>,
+    ) -> Result<Next, Error> {
+        let info = message
+            .info()
+            .map_err(Error::consumer("message metadata"))?;
+        let seq = info.stream_sequence;
+        if seq < self.next_seq {
+            return Ok(Next::Go);
+        }
+        // A jump: normal when filtering some partitions (the others'
+        // messages are skipped), a lost range otherwise. Where the
+        // stream's head moved past what we need, stop loudly.
+        if seq > self.next_seq
+            && (self.owned.is_none() || last_gap_check.is_none_or(|t| t.elapsed() >= STALL))
+        {
+            *last_gap_check = Some(Instant::now());
+            match check_bounds(&mut self.stream, self.next_seq - 1).await {
+                Err(e) if !e.is_retryable() => return Err(e),
+                // Unreachable for now: the next message or tick looks again.
+                _ => {}
+            }
+        }
+        let decoded = match decode_spend(&message.payload) {
+            Ok(decoded) => decoded,
+            Err(e) => {
+                // Data, not environment: set it aside and go on. A
+                // replay reaches the same message and the same decision.
+                set_aside(
+                    &self.deadletters,
+                    seq,
+                    &message.subject,
+                    &message.payload,
+                    &e.to_string(),
+                )
+                .await;
+                self.next_seq = seq + 1;
+                return Ok(Next::Go);
+            }
+        };
+        let incoming = Incoming {
+            seq,
+            stream_ms: (info.published.unix_timestamp_nanos() / 1_000_000) as i64,
+            pending: info.pending,
+            message: decoded,
+        };
+        self.last_pending = incoming.pending;
+        if self.tx.send(incoming).await.is_err() {
+            return Ok(Next::Stop);
+        }
+        self.last_sent_seq = seq;
+        self.next_seq = seq + 1;
+        Ok(Next::Go)
+    }
+}
+
+/// How a consumer's loop goes on.
+enum Next {
+    /// On to the next message.
+    Go,
+    /// Make a new consumer from where the writer stands.
+    Recreate,
+    /// Stop consuming (cancelled, or the writer is gone).
+    Stop,
 }
 
 /// A `SPEND` message that cannot be decoded (garbage, an unknown format
