@@ -14,7 +14,7 @@ echo "bench: building (release; a few minutes on 2 cores the first time, each cr
 mkdir -p target
 build_log="$root/target/bench-build.log"
 set +e
-cargo build --release --workspace --bins 2>&1 | tee "$build_log" | grep --line-buffered -E '^\s*(Compiling|Finished)'
+cargo build --release -p adspend-limiter -p adspend-aggregator -p adspend-pacer -p adspend-bench --bins 2>&1 | tee "$build_log" | grep --line-buffered -E '^\s*(Compiling|Finished)'
 status=${PIPESTATUS[0]}
 set -e
 if [ "$status" -ne 0 ]; then

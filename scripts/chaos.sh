@@ -13,5 +13,5 @@ bash scripts/install-deps.sh test
 # restart, which would dominate the round times of a long campaign.
 export CARGO_TARGET_DIR="$root/target/chaos"
 echo "chaos: building the services and adchaos (release, with failure points) into $CARGO_TARGET_DIR"
-cargo build --release --workspace --bins --features adspend-tests/failpoints
+cargo build --release -p adspend-limiter -p adspend-aggregator -p adspend-pacer -p adspend-chaos --bins --features adspend-limiter/failpoints,adspend-aggregator/failpoints,adspend-pacer/failpoints
 exec "$CARGO_TARGET_DIR/release/adchaos" "$@"

@@ -378,7 +378,7 @@ cmd_demo() {
   # A debug build shares its dependencies with the test suite's, and
   # publishes far faster than the cluster on one host absorbs.
   say "building adsim and adcheck (debug)"
-  cargo build -p adspend-tests --bin adsim --bin adcheck
+  cargo build -p adspend-sim --bin adsim --bin adcheck
   local tools="$target_dir/debug"
   mkdir -p "$out"
   docker exec "$(container etcd1)" etcdctl get --print-value-only "$catalog_key" >"$out/catalog.json"
@@ -416,7 +416,7 @@ cmd_freshness() {
   [[ "$rate" =~ ^[0-9]+$ && "$secs" =~ ^[0-9]+$ ]] || die "freshness takes RATE (events/s) and SECONDS, both whole numbers"
   [ -n "$(container pacer1)" ] || die "the cluster is not running: bash scripts/cluster.sh up"
   say "building adsim (debug)"
-  cargo build -p adspend-tests --bin adsim
+  cargo build -p adspend-sim --bin adsim
   mkdir -p "$out"
   docker exec "$(container etcd1)" etcdctl get --print-value-only "$catalog_key" >"$out/catalog.json"
   [ -s "$out/catalog.json" ] || die "no catalog in etcd at $catalog_key"
@@ -451,7 +451,7 @@ cmd_chaos() {
   require_docker
   [ -n "$(container pacer1)" ] || die "the cluster is not running: bash scripts/cluster.sh up"
   say "building adclusterchaos (debug)"
-  cargo build -p adspend-tests --bin adclusterchaos
+  cargo build -p adspend-chaos --bin adclusterchaos
   ADSPEND_CLUSTER_PROJECT="$project" exec "$target_dir/debug/adclusterchaos" "$@"
 }
 

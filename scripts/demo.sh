@@ -45,7 +45,7 @@ build_start=$(date +%s)
 # crate that takes long (the services' own) gets a line every
 # 30 s, so no step is silent.
 cargo build --profile "$profile" \
-  -p adspend-limiter -p adspend-aggregator -p adspend-pacer -p adspend-tests \
+  -p adspend-limiter -p adspend-aggregator -p adspend-pacer -p adspend-sim \
   --bin limiter --bin aggregator --bin pacer --bin adsim --bin adcheck 2>&1 |
   while true; do
     if IFS= read -r -t 30 line; then

@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use adspend_common::nats::{ALERTS_STREAM, ALERTS_SUBJECTS};
+use adspend_harness::{free_port, wait_until, NatsOptions, ServiceProcess};
 use adspend_pacer::alerts::webhook::signature;
-use adspend_tests::harness::{free_port, wait_until, NatsOptions, ServiceProcess};
-use adspend_tests::sim::{self, Period};
+use adspend_sim::{self as sim, Period};
 use async_nats::jetstream::{self, stream};
 use futures::StreamExt;
 use serde_json::Value;

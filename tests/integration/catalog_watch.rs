@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use adspend_tests::harness::wait_until_ok;
+use adspend_harness::wait_until_ok;
 
 use crate::support::{Backends, Pipeline, CATALOG_KEY};
 

@@ -3,8 +3,8 @@
 //! faults under other seeds. Each round asserts pacer == truth exactly, the
 //! end asserts the aggregator's LMDB too; each fault is confirmed fired.
 
-use adspend_tests::chaos::{self, all_faults, CampaignConfig};
-use adspend_tests::pipeline::Backends;
+use adspend_chaos::local::{self as chaos, all_faults, CampaignConfig};
+use adspend_harness::pipeline::Backends;
 
 async fn campaign(config: CampaignConfig) {
     let seed = config.seed;

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use adspend_aggregator::record::{read_at_least, CheckpointRecord, CheckpointStore};
 use adspend_common::error::Error;
-use adspend_tests::harness::Etcd;
+use adspend_harness::Etcd;
 
 fn record(epoch: u64, seq: u64) -> CheckpointRecord {
     CheckpointRecord {

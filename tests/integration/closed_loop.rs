@@ -16,8 +16,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use adspend_tests::harness::NatsOptions;
-use adspend_tests::sim::{
+use adspend_harness::NatsOptions;
+use adspend_sim::{
     loop_watch, run_closed_loop, Catalog, CostDistribution, Limit, LoopConfig, Period,
 };
 use tokio_util::sync::CancellationToken;

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use adspend_tests::harness::workspace_root;
+use adspend_harness::workspace_root;
 use clap::CommandFactory;
 
 /// What the code says about one environment variable.

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use adspend_tests::harness::{free_port, TestCa};
+use adspend_harness::{free_port, TestCa};
 
 use crate::support::{Backends, Pipeline};
 

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use adspend_tests::harness::{free_port, wait_until_ok};
-use adspend_tests::sim::{BadKind, SimConfig};
+use adspend_harness::{free_port, wait_until_ok};
+use adspend_sim::{BadKind, SimConfig};
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig};
 use futures::StreamExt;
 

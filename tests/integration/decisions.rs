@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use adspend_tests::check::fetch_limits;
-use adspend_tests::sim::SimConfig;
+use adspend_sim::check::fetch_limits;
+use adspend_sim::SimConfig;
 
 use crate::support::{assert_exact, Backends, Pipeline};
 

@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use adspend_common::config::EtcdArgs;
-use adspend_tests::harness::Etcd;
+use adspend_harness::Etcd;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use adspend_common::config::EtcdArgs;
-use adspend_tests::harness::{free_port, CertPair, Etcd, EtcdTls, ServiceProcess, TestCa};
+use adspend_harness::{free_port, CertPair, Etcd, EtcdTls, ServiceProcess, TestCa};
 
 use crate::support::{assert_exact, sim_config, Backends, Pipeline, CATALOG_KEY};
 
@@ -94,7 +94,7 @@ async fn services_with_client_certificates_are_exact_against_tls_etcd() {
     assert_exact(&p.settle(&truth, Duration::from_secs(60)).await, &truth);
 
     // The aggregator recorded its checkpoints in that etcd.
-    let record = adspend_tests::harness::wait_until_ok(
+    let record = adspend_harness::wait_until_ok(
         Duration::from_secs(30),
         Duration::from_millis(200),
         || async {

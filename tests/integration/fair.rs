@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
+use adspend_harness::{free_port, wait_until};
 use adspend_limiter::fair::lanes::lane_name;
-use adspend_tests::harness::{free_port, wait_until};
-use adspend_tests::sim::{SimConfig, Truth};
+use adspend_sim::{SimConfig, Truth};
 use async_nats::jetstream;
 
 use adspend_common::telemetry::{IMPRESSIONS_TOTAL, REDELIVERED_IMPRESSIONS_TOTAL};

@@ -6,10 +6,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use adspend_harness::NatsServer;
 use adspend_limiter::downstream::{Downstream, Window};
 use adspend_limiter::fair::Scheduler;
 use adspend_limiter::Config;
-use adspend_tests::harness::NatsServer;
 use async_nats::jetstream;
 use clap::Parser;
 

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use adspend_tests::harness::wait_until_ok;
-use adspend_tests::sim::Truth;
+use adspend_harness::wait_until_ok;
+use adspend_sim::Truth;
 use anyhow::{bail, Context};
 use serde_json::Value;
 
@@ -78,7 +78,7 @@ async fn start(seed: u64) -> (Pipeline, Truth) {
     p.limiter = Some(p.spawn("limiter"));
     p.pacer = Some(p.spawn_with(
         "pacer",
-        adspend_tests::harness::free_port(),
+        adspend_harness::free_port(),
         &[("ADSPEND_PACER_STALE_AFTER_MS", stale_after.as_str())],
     ));
     p.wait_pacer().await;
@@ -201,7 +201,7 @@ async fn an_owner_that_pushes_but_applies_nothing_turns_its_limits_stale() {
     p.aggregator.as_mut().unwrap().kill();
     p.aggregator = Some(p.spawn_with(
         "aggregator",
-        adspend_tests::harness::free_port(),
+        adspend_harness::free_port(),
         &[("ADSPEND_FAILPOINTS", "aggregator.before_commit@1~12000")],
     ));
     truth.absorb(&p.publish(&sim_config(300, 84)).await);

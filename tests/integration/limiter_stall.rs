@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use adspend_tests::harness::free_port;
+use adspend_harness::free_port;
 use async_nats::jetstream;
 use futures::StreamExt;
 use rand::{Rng, SeedableRng};

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use adspend_aggregator::record::CheckpointRecord;
-use adspend_tests::harness::{free_port, wait_until, ServiceProcess};
-use adspend_tests::sim::{SimConfig, Truth};
+use adspend_harness::{free_port, wait_until, ServiceProcess};
+use adspend_sim::{SimConfig, Truth};
 
 use crate::support::{assert_exact, metric, sim_config, try_metric, Backends, Pipeline};
 

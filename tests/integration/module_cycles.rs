@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use adspend_tests::harness::workspace_root;
+use adspend_harness::workspace_root;
 
 const CRATES: [&str; 5] = ["wire", "common", "limiter", "aggregator", "pacer"];
 /// The crate root's own code (lib.rs), as a node.

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use adspend_tests::harness::free_port;
+use adspend_harness::{free_port, workspace_root};
 
 use crate::support::{sim_config, Backends, Pipeline};
 
@@ -17,7 +17,7 @@ const READ: &str = "openapi-read-token-0123456789";
 const DECIDE: &str = "openapi-decide-token-0123456789";
 
 fn schemathesis() -> PathBuf {
-    let bin = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/venv/bin/schemathesis");
+    let bin = workspace_root().join(".tools/venv/bin/schemathesis");
     assert!(
         bin.exists(),
         "{} missing: run scripts/install-deps.sh test",
@@ -104,7 +104,7 @@ async fn pacer_conforms_to_its_openapi_document() {
     );
     p.publish(&sim_config(500, 3)).await;
     let guarded = format!("http://{guarded_addr}");
-    adspend_tests::harness::wait_until(
+    adspend_harness::wait_until(
         std::time::Duration::from_secs(30),
         std::time::Duration::from_millis(100),
         || {
@@ -122,7 +122,7 @@ async fn pacer_conforms_to_its_openapi_document() {
     let open = p.pacer_url();
     // Spend in it: the limits' answers carry numbers, not just zeros.
     let limits = format!("{open}/v1/limits?limit=1000");
-    adspend_tests::harness::wait_until(
+    adspend_harness::wait_until(
         std::time::Duration::from_secs(30),
         std::time::Duration::from_millis(200),
         || {

@@ -8,7 +8,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use adspend_tests::harness::{free_port, wait_until, wait_until_ok};
+use adspend_harness::{free_port, wait_until, wait_until_ok};
 use anyhow::{bail, Context};
 use serde_json::Value;
 

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use adspend_tests::harness::{free_port, wait_until, TestCa};
+use adspend_harness::{free_port, wait_until, TestCa};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

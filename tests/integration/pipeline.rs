@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use adspend_aggregator::record::CheckpointRecord;
 use adspend_common::service::Context;
-use adspend_tests::harness::free_port;
+use adspend_harness::free_port;
 use clap::Parser;
 
 use crate::support::{assert_exact, sim_config, Backends, Pipeline, BUCKET};
@@ -83,7 +83,7 @@ async fn in_process_pipeline_is_exact_with_duplicates() {
 
     // Checkpoints happened along the way: a record naming a snapshot file.
     let record_path = p.aggregator_dir().join("checkpoint/checkpoint.json");
-    adspend_tests::harness::wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
+    adspend_harness::wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
         let path = record_path.clone();
         async move { path.exists() }
     })
@@ -134,7 +134,7 @@ async fn pipeline_with_s3_snapshots_and_etcd_checkpoints_is_exact() {
 
     let etcd = p.etcd.as_ref().unwrap();
     let s3 = p.s3.as_ref().unwrap();
-    let record: CheckpointRecord = adspend_tests::harness::wait_until_ok(
+    let record: CheckpointRecord = adspend_harness::wait_until_ok(
         Duration::from_secs(10),
         Duration::from_millis(200),
         || async {

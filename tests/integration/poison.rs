@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use adspend_common::codec::{encode_spend, FORMAT_V2};
 use adspend_common::types::{SpendBatch, SpendMessage, SpendTuple};
-use adspend_tests::harness::free_port;
+use adspend_harness::free_port;
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig};
 use futures::StreamExt;
 

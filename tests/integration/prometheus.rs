@@ -8,8 +8,8 @@ use std::io::Write;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use adspend_tests::harness::{free_port, tool_path, wait_until, workspace_root};
-use adspend_tests::sim::{BadKind, SimConfig};
+use adspend_harness::{free_port, tool_path, wait_until, workspace_root};
+use adspend_sim::{BadKind, SimConfig};
 
 use crate::support::{assert_exact, metric_value, try_metric, Backends, Pipeline};
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use adspend_tests::sim::SimConfig;
+use adspend_sim::SimConfig;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{assert_exact, Backends, Pipeline};
@@ -23,7 +23,7 @@ async fn sigterm_restart_of_each_service_mid_stream_keeps_totals_exact() {
         ..SimConfig::default()
     };
     let publisher = tokio::spawn(async move {
-        adspend_tests::sim::run(&client, &config, &catalog, CancellationToken::new()).await
+        adspend_sim::run(&client, &config, &catalog, CancellationToken::new()).await
     });
 
     for service in ["limiter", "aggregator", "pacer"] {

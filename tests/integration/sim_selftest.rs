@@ -1,15 +1,15 @@
 //! A real simulator run against a nats-server whose stream is read back and
 //! recomputed independently of the simulator's own bookkeeping. The
 //! simulator's pure parts (catalog generator, truth, options) are unit-tested
-//! beside them in `adspend_tests::sim`.
+//! beside them in `adspend_sim`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use adspend_tests::harness::{NatsOptions, NatsServer};
-use adspend_tests::sim::{
-    self, BadKind, Catalog, CatalogSpec, EventTime, Impression, LimitTruth, Period, SimConfig,
-    Truth,
+use adspend_harness::{NatsOptions, NatsServer};
+use adspend_sim::{
+    self as sim, BadKind, Catalog, CatalogSpec, EventTime, Impression, LimitTruth, Period,
+    SimConfig, Truth,
 };
 use async_nats::jetstream;
 use chrono_tz::Tz;

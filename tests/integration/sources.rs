@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use adspend_tests::harness::{free_port, wait_until_ok};
-use adspend_tests::sim::SimConfig;
+use adspend_harness::{free_port, wait_until_ok};
+use adspend_sim::SimConfig;
 use anyhow::{ensure, Context};
 use serde::Deserialize;
 

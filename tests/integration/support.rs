@@ -1,4 +1,4 @@
-//! The pipeline fixture lives in the library (`adspend_tests::pipeline`) so
+//! The pipeline fixture lives in the library (`adspend_harness::pipeline`) so
 //! that the `adchaos` campaign uses the same one.
 
-pub use adspend_tests::pipeline::*;
+pub use adspend_harness::pipeline::*;

@@ -16,8 +16,8 @@ use self::support::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use adspend_tests::cluster::chaos::{self, ChaosConfig};
-use adspend_tests::cluster::{
+use adspend_chaos::cluster::chaos::{self, ChaosConfig};
+use adspend_chaos::cluster::{
     connect_as, metric_value, pacer, wait_applied, Cluster, Monotonic, Shard, Traffic, AGGREGATORS,
     PARTITIONS,
 };
@@ -476,7 +476,7 @@ async fn docker_alerts_once_through_failover() {
 
     // What must have been announced: each threshold the period's spend
     // reached, per the pacer's final figures (equal to the truth above).
-    let limits = adspend_tests::check::fetch_limits(&http(), &pacer().url)
+    let limits = adspend_sim::check::fetch_limits(&http(), &pacer().url)
         .await
         .expect("limits");
     let mut expected = BTreeSet::new();

@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use adspend_common::config::NatsArgs;
-use adspend_tests::cluster::{
+use adspend_chaos::cluster::{
     metric_sum, nats_args, pacer, pacer_client, settle_exact, shards, Cluster, PacerAccess, Shard,
     Traffic, NATS_URL, PARTITIONS,
 };
-use adspend_tests::sim::{generate_catalog, Catalog, CatalogSpec};
+use adspend_common::config::NatsArgs;
+use adspend_sim::{generate_catalog, Catalog, CatalogSpec};
 
 pub(super) const SETTLE: Duration = Duration::from_secs(150);
 pub(super) const TAKEOVER: Duration = Duration::from_secs(90);

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use adspend_tests::sim::SimConfig;
+use adspend_sim::SimConfig;
 
 use self::api::{read_api, read_history, read_sources, urgency, ApiLimit, HistoryState};
 use self::chromium::{chromium_binary, run_chromium};
@@ -223,7 +223,7 @@ async fn dashboard_screenshot() {
         .max_by_key(|l| l.spend_micros)
         .map(|l| l.limit_id.clone())
         .expect("a daily limit with budget left");
-    let out = adspend_tests::harness::workspace_root().join("docs/dashboard.png");
+    let out = adspend_harness::workspace_root().join("docs/dashboard.png");
     std::fs::create_dir_all(out.parent().unwrap()).unwrap();
     // Chromium writes next to the old picture, which is replaced only by a
     // screenshot that passes the checks below: a leftover file proves nothing.
@@ -331,7 +331,7 @@ async fn budgets_that_order_by_exhaustion(p: &Pipeline) -> (String, String) {
     catalog.save(&staged).expect("write catalog");
     std::fs::rename(&staged, &p.catalog_path).expect("replace catalog");
     let (least_id, most_id) = (least.limit_id.clone(), most.limit_id.clone());
-    let (least, most) = adspend_tests::harness::wait_until_ok(
+    let (least, most) = adspend_harness::wait_until_ok(
         Duration::from_secs(20),
         Duration::from_millis(100),
         || async {

@@ -14,7 +14,7 @@ use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
-use adspend_tests::harness::{free_port, tool_path, wait_until, wait_until_ok};
+use adspend_harness::{free_port, tool_path, wait_until, wait_until_ok};
 use anyhow::Context;
 
 const SHORT: Duration = Duration::from_secs(10);

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use adspend_tests::harness::{NatsOptions, NatsServer};
+use adspend_harness::{NatsOptions, NatsServer};
 use async_nats::jetstream::{self, stream::StorageType};
 use bytes::Bytes;
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use adspend_tests::harness::{service_binary, ServiceProcess, Signal};
+use adspend_harness::{service_binary, ServiceProcess, Signal};
 
 use super::{process_exists, wait_for_state, SHORT};
 

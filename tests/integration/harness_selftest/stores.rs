@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use adspend_tests::harness::{Etcd, S3Server};
+use adspend_harness::{Etcd, S3Server};
 use bytes::Bytes;
 use futures::stream::{self, StreamExt, TryStreamExt};
 

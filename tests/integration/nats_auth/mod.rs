@@ -15,8 +15,8 @@ use self::support::*;
 use std::time::Duration;
 
 use adspend_common::config::NatsArgs;
-use adspend_tests::harness::{free_port, wait_until, NatsServer};
-use adspend_tests::sim;
+use adspend_harness::{free_port, wait_until, NatsServer};
+use adspend_sim as sim;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
@@ -78,7 +78,7 @@ async fn services_with_their_own_users_over_tls_are_exact_and_an_ad_server_is_co
     let (auditor, auditor_errors) = connect(&auth.args(&p.nats.url(), "auditor"))
         .await
         .expect("the auditor connects");
-    let read_back = adspend_tests::stream_truth::truth_from_stream(&auditor, &p.catalog)
+    let read_back = adspend_sim::stream_truth::truth_from_stream(&auditor, &p.catalog)
         .await
         .expect("the auditor reads IMPRESSIONS");
     assert_eq!(

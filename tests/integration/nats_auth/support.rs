@@ -9,7 +9,7 @@ use std::time::Duration;
 use adspend_common::codec::encode_sums;
 use adspend_common::config::NatsArgs;
 use adspend_common::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET};
-use adspend_tests::harness::{free_port, wait_until, workspace_root, NatsOptions, NatsServer};
+use adspend_harness::{free_port, wait_until, workspace_root, NatsOptions, NatsServer};
 
 use crate::support::Pipeline;
 
@@ -142,7 +142,7 @@ pub(super) fn spawn_as(
     p: &Pipeline,
     auth: &Auth,
     service: &str,
-) -> adspend_tests::harness::ServiceProcess {
+) -> adspend_harness::ServiceProcess {
     let env = auth.env(service);
     let extra: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     p.spawn_with(service, free_port(), &extra)

@@ -3,8 +3,8 @@
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
-use adspend_tests::harness::{free_port, wait_until, wait_until_ok};
-use adspend_tests::sim::SimConfig;
+use adspend_harness::{free_port, wait_until, wait_until_ok};
+use adspend_sim::SimConfig;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{assert_exact, sim_config, Backends, Pipeline};
@@ -33,7 +33,7 @@ async fn nats_crash_mid_run_keeps_totals_exact() {
         ..SimConfig::default()
     };
     let publisher = tokio::spawn(async move {
-        adspend_tests::sim::run(&client, &config, &catalog, CancellationToken::new()).await
+        adspend_sim::run(&client, &config, &catalog, CancellationToken::new()).await
     });
     wait_until(
         Duration::from_secs(20),
@@ -50,7 +50,7 @@ async fn nats_crash_mid_run_keeps_totals_exact() {
     p.nats.restart().await;
     let sent = publisher.await.unwrap().expect("simulator");
     let client = p.client().await;
-    let truth = adspend_tests::stream_truth::truth_from_stream(&client, &p.catalog)
+    let truth = adspend_sim::stream_truth::truth_from_stream(&client, &p.catalog)
         .await
         .expect("truth from IMPRESSIONS");
     assert!(
@@ -145,9 +145,7 @@ async fn etcd_crash_mid_run_pauses_checkpoints_only() {
     let stop_publishing = CancellationToken::new();
     let stop = stop_publishing.clone();
     let publisher =
-        tokio::spawn(
-            async move { adspend_tests::sim::run(&client, &config, &catalog, stop).await },
-        );
+        tokio::spawn(async move { adspend_sim::run(&client, &config, &catalog, stop).await });
     let before = wait_record(&p, "a sequence", |r| r.seq > 0).await;
 
     let offset = log_len(&aggregator);

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use adspend_aggregator::record::CheckpointRecord;
-use adspend_tests::harness::{free_port, wait_until};
+use adspend_harness::{free_port, wait_until};
 
 use crate::support::{assert_exact, sim_config, Pipeline};
 

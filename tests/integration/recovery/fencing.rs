@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use adspend_tests::harness::free_port;
+use adspend_harness::free_port;
 
 use crate::support::{assert_exact, sim_config, Pipeline, BUCKET};
 

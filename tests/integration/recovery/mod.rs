@@ -27,9 +27,9 @@ use adspend_aggregator::snapshot_store::Checksum;
 use adspend_aggregator::store::{Store, DEFAULT_MAP_SIZE};
 use adspend_common::codec::encode_spend;
 use adspend_common::types::{CheckpointMarker, SpendMessage};
-use adspend_tests::harness::{wait_until, wait_until_ok, ServiceProcess};
-use adspend_tests::limiter_progress::limiter_backlog;
-use adspend_tests::sim::Truth;
+use adspend_harness::limiter_progress::limiter_backlog;
+use adspend_harness::{wait_until, wait_until_ok, ServiceProcess};
+use adspend_sim::Truth;
 use anyhow::Context;
 use async_nats::jetstream;
 

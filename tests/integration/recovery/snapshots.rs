@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use adspend_aggregator::record::CheckpointRecord;
-use adspend_tests::harness::ServiceProcess;
+use adspend_harness::ServiceProcess;
 
 use crate::support::{assert_exact, sim_config, Backends, Pipeline, BUCKET};
 

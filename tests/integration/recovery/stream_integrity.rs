@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use adspend_tests::harness::free_port;
+use adspend_harness::free_port;
 use async_nats::jetstream;
 
 use crate::support::{assert_exact, sim_config, Backends, Pipeline};

@@ -22,8 +22,8 @@ use self::support::*;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use adspend_tests::harness::{free_port, wait_until, ServiceProcess};
-use adspend_tests::sim::Truth;
+use adspend_harness::{free_port, wait_until, ServiceProcess};
+use adspend_sim::Truth;
 use async_nats::jetstream;
 
 use crate::recovery::{log_len, log_since};

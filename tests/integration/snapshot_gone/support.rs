@@ -4,9 +4,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use adspend_aggregator::record::CheckpointRecord;
-use adspend_tests::harness::wait_until_ok;
-use adspend_tests::limiter_progress::limiter_backlog;
-use adspend_tests::sim::Truth;
+use adspend_harness::limiter_progress::limiter_backlog;
+use adspend_harness::wait_until_ok;
+use adspend_sim::Truth;
 use async_nats::jetstream;
 
 use crate::support::{Backends, Pipeline, BUCKET};
