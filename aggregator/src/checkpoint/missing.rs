@@ -196,74 +196,102 @@ pub async fn open(
                 continue;
             }
         };
-        // ERROR even on the automatic way out: the store lost data (it may
-        // not be durable), and until the rebuilt shard records its first
-        // checkpoint nothing restorable stands behind it.
-        let (start_after, way) = match way_out(shard, &record, &state, local.accept_loss) {
-            WayOut::Replay => {
-                tracing::error!(
-                    shard,
-                    error = %error,
-                    checkpoint = record.checkpoint_id,
-                    record_seq = record.seq,
-                    stream_last_seq = state.last_seq,
-                    "the recorded snapshot is gone; SPEND still holds every message from \
-                     sequence 1, so the shard is rebuilt exactly by replaying all of it"
-                );
-                (0, "replay")
+        let Some((start_after, way)) =
+            announce(shard, &record, &state, &error, local.accept_loss, backoff)
+        else {
+            if !sleep(stop, &mut backoff).await {
+                return Ok(stopped(shard));
             }
-            WayOut::AcceptLoss { start_after } => {
-                tracing::error!(
-                    shard,
-                    error = %error,
-                    checkpoint = record.checkpoint_id,
-                    record_seq = record.seq,
-                    stream_first_seq = state.first_seq,
-                    "the recorded snapshot is gone and {ACCEPT_LOSS} accepts the loss of checkpoint \
-                     {shard}@{}: the shard starts again empty at SPEND's first sequence; \
-                     the spend of sequences up to {start_after} is not counted",
-                    record.checkpoint_id
-                );
-                (start_after, "accept_loss")
-            }
-            WayOut::Wait { reason } => {
-                tracing::error!(
-                    shard,
-                    error = %error,
-                    reason,
-                    retry_in_s = backoff.as_secs(),
-                    "the recorded snapshot is gone and SPEND no longer holds this shard's whole \
-                     history: the shard is not applied. Ways out (docs/RECOVERY.md): put the \
-                     object back (retried by itself), or accept the loss of what SPEND no longer \
-                     holds by restarting the aggregators with {ACCEPT_LOSS}={shard}@{}",
-                    record.checkpoint_id
-                );
-                if !sleep(stop, &mut backoff).await {
-                    return Ok(stopped(shard));
-                }
-                continue;
-            }
+            continue;
         };
-        let started = Instant::now();
-        let (store, lineage, start) =
-            restore::rebuild(local.lmdb_dir, local.map_size, start_after)?;
-        metrics::counter!(REBUILDS_TOTAL, "shard" => shard.to_string(), "way" => way).increment(1);
-        metrics::gauge!(SNAPSHOT_MISSING, "shard" => shard.to_string()).set(0.0);
-        tracing::info!(
-            shard,
-            way,
-            lineage,
-            start_after,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "shard rebuilt empty; replaying SPEND, the next checkpoint copies a new base"
-        );
-        return Ok(Some(Opened {
-            store,
-            lineage,
-            start,
-            record: Some(record),
-        }));
+        return rebuild(local, record, start_after, way).map(Some);
     }
+}
+
+/// Says which way out `way_out` chose, as an ERROR even on the automatic
+/// one: the store lost data (it may not be durable), and until the rebuilt
+/// shard records its first checkpoint nothing restorable stands behind it.
+/// `(start after, way)` to rebuild from, or `None` to wait.
+fn announce(
+    shard: &str,
+    record: &CheckpointRecord,
+    state: &StreamState,
+    error: &Error,
+    accept_loss: &AcceptLoss,
+    backoff: Duration,
+) -> Option<(u64, &'static str)> {
+    match way_out(shard, record, state, accept_loss) {
+        WayOut::Replay => {
+            tracing::error!(
+                shard,
+                error = %error,
+                checkpoint = record.checkpoint_id,
+                record_seq = record.seq,
+                stream_last_seq = state.last_seq,
+                "the recorded snapshot is gone; SPEND still holds every message from \
+                 sequence 1, so the shard is rebuilt exactly by replaying all of it"
+            );
+            Some((0, "replay"))
+        }
+        WayOut::AcceptLoss { start_after } => {
+            tracing::error!(
+                shard,
+                error = %error,
+                checkpoint = record.checkpoint_id,
+                record_seq = record.seq,
+                stream_first_seq = state.first_seq,
+                "the recorded snapshot is gone and {ACCEPT_LOSS} accepts the loss of checkpoint \
+                 {shard}@{}: the shard starts again empty at SPEND's first sequence; \
+                 the spend of sequences up to {start_after} is not counted",
+                record.checkpoint_id
+            );
+            Some((start_after, "accept_loss"))
+        }
+        WayOut::Wait { reason } => {
+            tracing::error!(
+                shard,
+                error = %error,
+                reason,
+                retry_in_s = backoff.as_secs(),
+                "the recorded snapshot is gone and SPEND no longer holds this shard's whole \
+                 history: the shard is not applied. Ways out (docs/RECOVERY.md): put the \
+                 object back (retried by itself), or accept the loss of what SPEND no longer \
+                 holds by restarting the aggregators with {ACCEPT_LOSS}={shard}@{}",
+                record.checkpoint_id
+            );
+            None
+        }
+    }
+}
+
+/// The shard's local store made anew and empty, to replay SPEND after
+/// `start_after`; `record` stays the one recorded (the next checkpoint
+/// commits over it).
+fn rebuild(
+    local: &Local<'_>,
+    record: CheckpointRecord,
+    start_after: u64,
+    way: &'static str,
+) -> Result<Opened, Error> {
+    let shard = local.shard;
+    let started = Instant::now();
+    let (store, lineage, start) = restore::rebuild(local.lmdb_dir, local.map_size, start_after)?;
+    metrics::counter!(REBUILDS_TOTAL, "shard" => shard.to_string(), "way" => way).increment(1);
+    metrics::gauge!(SNAPSHOT_MISSING, "shard" => shard.to_string()).set(0.0);
+    tracing::info!(
+        shard,
+        way,
+        lineage,
+        start_after,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "shard rebuilt empty; replaying SPEND, the next checkpoint copies a new base"
+    );
+    Ok(Opened {
+        store,
+        lineage,
+        start,
+        record: Some(record),
+    })
 }
 
 enum Attempt {

@@ -20,6 +20,7 @@ use etcd_client::{Compare, CompareOp, GetResponse, Txn, TxnOp, TxnOpResponse, Tx
 use serde::{Deserialize, Serialize};
 
 use adspend_common::error::{Error, Result};
+use adspend_common::etcd::txn_got_value;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointRecord {
@@ -305,10 +306,8 @@ impl CheckpointStore {
                         *record_rev = Some(revision_of(&response));
                         return Ok(());
                     }
-                    let current = txn_get(&response, 0).and_then(|get| {
-                        let kv = get.kvs().first()?;
-                        Some(String::from_utf8_lossy(kv.value()).into_owned())
-                    });
+                    // The or_else's first get: the epoch key.
+                    let current = txn_got_value(&response);
                     if current.as_deref().map(str::trim) != Some(record.epoch.to_string().as_str())
                     {
                         return Err(Error::Fenced {
