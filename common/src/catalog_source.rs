@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
@@ -23,14 +24,19 @@ pub use crate::config::CatalogSource;
 const FILE_POLL: Duration = Duration::from_millis(500);
 
 impl CatalogSource {
-    /// Load once, then keep the returned receiver up to date until `cancel`.
-    pub async fn watch(self, cancel: CancellationToken) -> Result<watch::Receiver<Arc<Catalog>>> {
+    /// Load once, then keep the returned receiver up to date until `cancel`,
+    /// from a task on `tasks`.
+    pub async fn watch(
+        self,
+        cancel: CancellationToken,
+        tasks: &TaskTracker,
+    ) -> Result<watch::Receiver<Arc<Catalog>>> {
         match self {
             CatalogSource::File(path) => {
                 let (bytes, stamp) = read_file(&path).await?;
                 let catalog = Catalog::parse(&path.display().to_string(), &bytes)?;
                 let (tx, rx) = watch::channel(Arc::new(catalog));
-                tokio::spawn(poll_file(path, stamp, tx, cancel));
+                tasks.spawn(poll_file(path, stamp, tx, cancel));
                 Ok(rx)
             }
             CatalogSource::Etcd { etcd, key } => {
@@ -46,7 +52,7 @@ impl CatalogSource {
                 let catalog = Catalog::parse(&format!("etcd://{key}"), kv.value())?;
                 let revision = response.header().map(|h| h.revision()).unwrap_or(0);
                 let (tx, rx) = watch::channel(Arc::new(catalog));
-                tokio::spawn(watch_etcd(client, key, revision, tx, cancel));
+                tasks.spawn(watch_etcd(client, key, revision, tx, cancel));
                 Ok(rx)
             }
         }
@@ -230,7 +236,8 @@ mod tests {
         std::fs::write(&path, ONE).unwrap();
         let cancel = CancellationToken::new();
         let source = CatalogSource::parse(path.to_str().unwrap(), &EtcdArgs::default()).unwrap();
-        let mut rx = source.watch(cancel.clone()).await.unwrap();
+        let tasks = TaskTracker::new();
+        let mut rx = source.watch(cancel.clone(), &tasks).await.unwrap();
         assert_eq!(budget(&rx), 1);
 
         // Replace by rename, as editors and deploy tools do.
@@ -251,6 +258,11 @@ mod tests {
         tokio::time::sleep(FILE_POLL * 3).await;
         assert!(!rx.has_changed().unwrap());
         assert_eq!(budget(&rx), 2);
+        // The poll ends with its token: the tracker is then empty.
         cancel.cancel();
+        tasks.close();
+        tokio::time::timeout(Duration::from_secs(5), tasks.wait())
+            .await
+            .expect("the file poll stops when cancelled");
     }
 }

@@ -73,8 +73,11 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
         catalog: catalog_source,
         ..
     } = validated;
-    let shutdown = context.shutdown;
-    let catalog = catalog_source.clone().watch(shutdown.clone()).await?;
+    let Context { shutdown, tasks } = context;
+    let catalog = catalog_source
+        .clone()
+        .watch(shutdown.clone(), &tasks)
+        .await?;
     let client = nats::connect(&config.nats, "adspend-limiter").await?;
     let js = jetstream::new(client.clone());
     let replicas = config.streams.replicas();
@@ -98,7 +101,7 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
         },
     );
     if bound > 0 {
-        downstream.follow(&client, shutdown.clone()).await?;
+        downstream.follow(&client, &tasks, shutdown.clone()).await?;
     }
     let mut input = fair::Input::open(&impressions, &config, downstream.clone()).await?;
 

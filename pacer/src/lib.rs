@@ -102,7 +102,7 @@ pub async fn run(
     } = validated;
     let Context { shutdown, tasks } = context;
     let addr = listeners.api.local_addr().unwrap_or(settings.api_addr);
-    let catalog = source.clone().watch(shutdown.clone()).await?;
+    let catalog = source.clone().watch(shutdown.clone(), &tasks).await?;
     let client = nats::connect(&config.nats, "adspend-pacer").await?;
     let pushes = ingest::subscribe(&client).await?;
     let source_reports = sources::subscribe(&client).await?;

@@ -97,6 +97,8 @@ impl Member {
             ctx,
             lease,
             running: BTreeMap::new(),
+            // Not a child of the service's shutdown: on SIGTERM the
+            // partitions are handed over one by one (`leave`), not cut.
             shards: CancellationToken::new(),
             assigned: BTreeSet::new(),
             wanted_since: HashMap::new(),
@@ -109,6 +111,9 @@ impl Member {
 
     pub(super) async fn serve(mut self, shutdown: CancellationToken) -> Result<Served, Error> {
         self.join().await?;
+        // Roots, not children of `shutdown`: the lease must be kept alive
+        // while a shutdown hands the partitions over; both end below, on
+        // every way out of this function.
         let lost = CancellationToken::new();
         let background = CancellationToken::new();
         let lost_reason = {

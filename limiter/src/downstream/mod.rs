@@ -46,6 +46,7 @@ use adspend_common::telemetry::{
 use futures::StreamExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::error::Error;
 pub use backlog::{Backlog, Window, MIN_WINDOW};
@@ -70,10 +71,11 @@ impl Downstream {
         }
     }
 
-    /// Follow the aggregators' reports until `cancel`.
+    /// Follow the aggregators' reports until `cancel`, from a task on `tasks`.
     pub async fn follow(
         &self,
         client: &async_nats::Client,
+        tasks: &TaskTracker,
         cancel: CancellationToken,
     ) -> Result<(), Error> {
         let subject = format!("{PROGRESS_SUBJECT_PREFIX}.>");
@@ -86,7 +88,7 @@ impl Downstream {
                     source: Box::new(e),
                 })?;
         let this = self.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             loop {
                 let message = tokio::select! {
                     _ = cancel.cancelled() => return,
