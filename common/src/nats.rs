@@ -22,7 +22,7 @@ pub const ALERTS_SUBJECTS: &str = "adspend.alerts.>";
 pub(crate) const ALERTS_SUBJECT_PREFIX: &str = "adspend.alerts";
 /// How long `ALERTS` remembers a message id: a second announcement of the
 /// same crossing within it is dropped by the server. Past it, announcers
-/// compare with the subject's last message instead (docs/ALERTS.md).
+/// compare with the subject's last message instead (docs/BUDGET-ALERTS.md).
 pub(crate) const ALERTS_DUPLICATE_WINDOW: Duration = Duration::from_secs(48 * 3600);
 /// Alerts kept per limit (the newest; the last one always).
 pub(crate) const ALERTS_PER_LIMIT: i64 = 1000;
@@ -310,7 +310,7 @@ pub async fn ensure_deadletter(js: &jetstream::Context, replicas: usize) -> Resu
 }
 
 /// `ALERTS`: budget alerts, one subject per limit, each crossing once (its
-/// message id dedupes re-announcements; docs/ALERTS.md). No age limit: the
+/// message id dedupes re-announcements; docs/BUDGET-ALERTS.md). No age limit: the
 /// last alert of a lifetime limit must stay to be compared with.
 pub async fn ensure_alerts(js: &jetstream::Context, replicas: usize) -> Result<stream::Stream> {
     ensure(

@@ -25,7 +25,7 @@ pub struct Config {
     #[command(flatten)]
     pub streams: StreamArgs,
     /// Budget alerts are also POSTed here (http or https), signed with
-    /// ADSPEND_ALERTS_WEBHOOK_SECRET; empty: no webhook (docs/ALERTS.md).
+    /// ADSPEND_ALERTS_WEBHOOK_SECRET; empty: no webhook (docs/BUDGET-ALERTS.md).
     #[arg(long, env = env::ALERTS_WEBHOOK_URL, default_value = "")]
     pub alerts_webhook_url: String,
     /// The HMAC-SHA256 key of the webhook's `X-Adspend-Signature`, at least

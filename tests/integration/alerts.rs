@@ -1,4 +1,4 @@
-//! Budget alerts (docs/ALERTS.md): each crossing of a limit's threshold is
+//! Budget alerts (docs/BUDGET-ALERTS.md): each crossing of a limit's threshold is
 //! one message on `ALERTS`, through an aggregator crash and replay, a
 //! pacer's crash (its memory of what was announced gone, the stream's
 //! duplicate window too short to help) and two pacers watching the same

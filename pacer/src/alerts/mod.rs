@@ -8,7 +8,7 @@
 //! with the subject's last alert and publishes with a deterministic message
 //! id and the expected last subject sequence, so that several pacers, a
 //! restarted one, or the same one twice, announce a crossing once
-//! (docs/ALERTS.md says why the pacers and not the aggregators). [`recent`]
+//! (docs/BUDGET-ALERTS.md says why the pacers and not the aggregators). [`recent`]
 //! follows the stream for the API and the dashboard and tells [`detect`]
 //! what other pacers announced; [`webhook`] delivers from a durable
 //! consumer that all pacers share, signed, retried with backoff.
