@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, watch};
 use crate::checkpoint::delta::Changes;
 pub use crate::config::DedupeLimits;
 use crate::dedupe::{self, IdSet, ShardOrder};
+use crate::disk;
 use crate::error::Error;
 use crate::fence::Validity;
 pub use crate::handoff::{CheckpointRequest, Dirty, DirtyState, Incoming};
@@ -163,10 +164,44 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            self.apply_group(&group)?;
+            if !self.apply_patiently(&group, &rx)? {
+                break;
+            }
             group.clear();
         }
         Ok(())
+    }
+
+    /// [`Writer::apply_group`], waiting for space while the data directory
+    /// is full ([`crate::disk`]): the group is tried again until it commits.
+    /// `false` when the shard stopped meanwhile (the channel closed): the
+    /// group is not applied, and whoever applies next replays it.
+    fn apply_patiently(
+        &mut self,
+        group: &[Incoming],
+        rx: &mpsc::Receiver<Incoming>,
+    ) -> Result<bool, Error> {
+        let mut waiting: Option<disk::SpaceWait> = None;
+        loop {
+            match self.apply_group(group) {
+                Ok(_) => {
+                    if let Some(waiting) = waiting {
+                        waiting.resumed();
+                    }
+                    return Ok(true);
+                }
+                Err(e) if disk::is_full(&e) => {
+                    let store = self.store.path();
+                    let dir = store.parent().unwrap_or(store);
+                    let waiting = waiting
+                        .get_or_insert_with(|| disk::SpaceWait::new(dir, &self.shard, "commit"));
+                    if !waiting.wait_blocking(&e, || rx.is_closed()) {
+                        return Ok(false);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Apply messages in one write transaction. On an error nothing is

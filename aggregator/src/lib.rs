@@ -37,6 +37,7 @@ pub(crate) mod checkpoint;
 pub(crate) mod cluster;
 pub(crate) mod config;
 pub mod dedupe;
+pub(crate) mod disk;
 pub(crate) mod error;
 pub(crate) mod fence;
 pub(crate) mod handoff;
@@ -104,6 +105,7 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
     // First: a store that cannot be opened is a setting to fix (exit 64).
     let snapshots = SnapshotStore::open(&snapshots)?;
     adspend_common::telemetry::describe(telemetry::DESCRIPTIONS);
+    disk::watch_free(config.data_dir(), &tasks, shutdown.clone());
     let client = nats::connect(&config.nats, "adspend-aggregator").await?;
     let name = ownership.shard();
     let partitions = match ownership {

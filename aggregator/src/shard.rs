@@ -33,6 +33,7 @@ use crate::checkpoint::missing;
 use crate::checkpoint::record::{CheckpointRecord, CheckpointStore};
 use crate::checkpoint::restore::Start;
 use crate::config::ShardSettings;
+use crate::disk;
 use crate::error::Error;
 use crate::fence::Validity;
 use crate::snapshot_store::SnapshotStore;
@@ -194,10 +195,35 @@ async fn open(spec: Spec, stop: &Stop) -> Result<Option<Opened>, Error> {
         lease,
     } = spec;
     let tmp_dir = data_dir.join("tmp");
-    std::fs::create_dir_all(&tmp_dir).map_err(adspend_common::Error::io("create", &tmp_dir))?;
+    // A full disk is waited out at each local write of the start, as it is
+    // at each commit once running (`crate::disk`); a stop ends the wait.
+    let mut waiting: Option<disk::SpaceWait> = None;
+    macro_rules! patiently {
+        ($step:literal, $attempt:expr) => {
+            loop {
+                let error: Error = match $attempt {
+                    Ok(value) => break value,
+                    Err(e) => e.into(),
+                };
+                if !disk::is_full(&error) {
+                    return Err(error);
+                }
+                let wait = waiting
+                    .get_or_insert_with(|| disk::SpaceWait::new(&data_dir, &shard, $step))
+                    .at($step);
+                if !wait.wait(&error, &stop.token).await {
+                    return Ok(None);
+                }
+            }
+        };
+    }
+    patiently!(
+        "create tmp",
+        std::fs::create_dir_all(&tmp_dir).map_err(adspend_common::Error::io("create", &tmp_dir))
+    );
 
     // Take ownership first: from here on, the previous owner cannot record.
-    let epoch = records.acquire_epoch().await?;
+    let epoch = patiently!("take ownership", records.acquire_epoch().await);
     let js = jetstream::new(client.clone());
     let mut stream = nats::ensure_spend(&js, settings.stream_replicas).await?;
     let lmdb_dir = data_dir.join("lmdb");
@@ -210,11 +236,16 @@ async fn open(spec: Spec, stop: &Stop) -> Result<Option<Opened>, Error> {
     };
     // A recorded snapshot that is gone is waited on here, visibly, unless
     // it has a safe way out (`missing`); a stop then ends the shard.
-    let Some(opened) =
-        missing::open(&local, &mut records, &snapshots, &mut stream, &stop.token).await?
-    else {
+    let opened = patiently!(
+        "restore",
+        missing::open(&local, &mut records, &snapshots, &mut stream, &stop.token).await
+    );
+    let Some(opened) = opened else {
         return Ok(None);
     };
+    if let Some(waiting) = waiting.take() {
+        waiting.resumed();
+    }
     let missing::Opened {
         store,
         lineage,

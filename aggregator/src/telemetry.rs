@@ -37,9 +37,30 @@ pub const LAST_CHECKPOINT_TIMESTAMP_SECONDS: &str =
 /// partitions paused (each ends in a resume or a lost lease).
 pub const LEASE_PAUSES_TOTAL: &str = "adspend_aggregator_lease_pauses_total";
 
+/// 1 while the shard waits for space in the data directory (a commit or a
+/// start-up write failed with ENOSPC); 0 once it went on. Label `shard`.
+pub const DISK_FULL: &str = "adspend_aggregator_disk_full";
+/// Free bytes of the file system that holds the data directory, as the
+/// aggregator may write them; exported every 10 s.
+pub const DATA_DIR_FREE_BYTES: &str = "adspend_aggregator_data_dir_free_bytes";
+/// Size in bytes of the file system that holds the data directory.
+pub const DATA_DIR_SIZE_BYTES: &str = "adspend_aggregator_data_dir_size_bytes";
+
 /// The `# HELP` text of the names above, for
 /// `adspend_common::telemetry::describe`.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[
+    (
+        DISK_FULL,
+        "1 while the shard waits for space in the data directory; 0 once it went on.",
+    ),
+    (
+        DATA_DIR_FREE_BYTES,
+        "Free bytes of the file system that holds the data directory.",
+    ),
+    (
+        DATA_DIR_SIZE_BYTES,
+        "Size in bytes of the file system that holds the data directory.",
+    ),
     (
         LEASE_PAUSES_TOTAL,
         "Times the lease keepalives went unanswered for half the TTL and the partitions paused.",

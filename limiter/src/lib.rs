@@ -16,9 +16,11 @@ pub mod downstream;
 pub mod emit;
 pub mod error;
 pub mod fair;
+mod nats_store;
 pub mod publish;
 pub mod report;
 mod set_aside;
+pub(crate) mod telemetry;
 pub mod validate;
 
 use std::time::Duration;
@@ -74,6 +76,7 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
         ..
     } = validated;
     let Context { shutdown, tasks } = context;
+    adspend_common::telemetry::describe(telemetry::DESCRIPTIONS);
     let catalog = catalog_source
         .clone()
         .watch(shutdown.clone(), &tasks)
@@ -84,6 +87,7 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
     let impressions = nats::ensure_impressions(&js, replicas).await?;
     nats::ensure_spend(&js, replicas).await?;
     nats::ensure_deadletter(&js, replicas).await?;
+    nats_store::watch(js.clone(), &tasks, shutdown.clone());
 
     // FIFO scheduling holds nobody back: nothing to count.
     let fair = config.scheduling == config::Scheduling::Fair;
@@ -114,7 +118,7 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
     );
     let max_payload = client.server_info().max_payload;
     let mut limiter = Limiter {
-        publisher: Publisher::new(js, config.partitions.partitions, shutdown.clone()),
+        publisher: Publisher::new(js, shutdown.clone()),
         catalog,
         partitions: config.partitions.partitions,
         tuples_per_message: chunk::tuples_per_message(config.tuples_per_message, max_payload),

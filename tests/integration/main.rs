@@ -17,6 +17,7 @@ mod etcd_tls;
 mod fair;
 mod fair_watch;
 mod freshness;
+mod full_disk;
 mod harness_selftest;
 mod limiter_stall;
 mod membership;

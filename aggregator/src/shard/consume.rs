@@ -224,7 +224,7 @@ impl Consumer {
                 None => return Ok(Next::Recreate),
             };
             last_received = Instant::now();
-            if let Next::Stop = self.handle(message, &mut last_gap_check).await? {
+            if let Next::Stop = self.handle(message, &mut last_gap_check, cancel).await? {
                 return Ok(Next::Stop);
             }
         }
@@ -237,6 +237,7 @@ impl Consumer {
         &mut self,
         message: Message,
         last_gap_check: &mut Option<Instant>,
+        cancel: &CancellationToken,
     ) -> Result<Next, Error> {
         let info = message
             .info()
@@ -282,7 +283,13 @@ impl Consumer {
             message: decoded,
         };
         self.last_pending = incoming.pending;
-        if self.tx.send(incoming).await.is_err() {
+        // The writer may hold the channel full for long (waiting for space
+        // on a full disk): a stop must not wait for it.
+        let sent = tokio::select! {
+            sent = self.tx.send(incoming) => sent.is_ok(),
+            _ = cancel.cancelled() => false,
+        };
+        if !sent {
             return Ok(Next::Stop);
         }
         self.last_sent_seq = seq;
