@@ -82,7 +82,18 @@ async fn a_server_restart_mid_publish_sets_nothing_aside() {
     p.nats.kill();
     p.nats.restart().await;
 
+    let restarted = Instant::now();
     assert_exact(&p.settle(&truth, Duration::from_secs(120)).await, &truth);
+    let log = std::fs::read_to_string(p.limiter.as_ref().expect("limiter").log_path())
+        .expect("limiter log");
+    let warns = log
+        .lines()
+        .filter(|l| l.contains("publish failed; retrying"))
+        .count();
+    println!(
+        "NATS paused then restarted mid-publish: {warns} WARN line(s) while publishes failed, exact {} ms after the restart",
+        restarted.elapsed().as_millis()
+    );
     assert_eq!(
         metric(limiter_metrics, "adspend_limiter_set_aside_total").await,
         0.0,
@@ -265,7 +276,13 @@ async fn an_aggregator_whose_data_directory_fills_waits_and_is_exact() {
     );
 
     std::fs::remove_file(&filler).expect("free the space");
+    let freed = Instant::now();
     assert_exact(&p.settle(&truth, Duration::from_secs(90)).await, &truth);
+    println!(
+        "full data directory: waited {:.1} s across a restart, {errors} ERROR line(s), exact {} ms after space returned",
+        restarted.elapsed().as_secs_f64(),
+        freed.elapsed().as_millis()
+    );
     let aggregator = p.aggregator.as_mut().expect("aggregator");
     aggregator
         .wait_for_log("space returned", Duration::from_secs(10))
