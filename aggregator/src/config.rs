@@ -200,6 +200,14 @@ pub struct Config {
     /// through etcd; needs ADSPEND_ETCD_ENDPOINTS).
     #[arg(long, env = env::AGGREGATOR_PARTITIONS, default_value = "all")]
     pub owned_partitions: String,
+    /// Writers of a single-machine aggregator: its partitions are split
+    /// round robin into this many shards, each with its own LMDB
+    /// environment, writer thread, checkpoint record and snapshots, under
+    /// `<data dir>/p<list>/`. 1 keeps one shard in the data dir itself.
+    /// Cluster mode already gives every partition a writer of its own.
+    #[arg(long, env = env::AGGREGATOR_WRITERS, default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub writers: u32,
     /// Cluster mode: this aggregator's member id (letters, digits, '.', '_',
     /// '-'; at most 64). Default: the host name.
     #[arg(long, env = env::AGGREGATOR_ID)]

@@ -46,6 +46,7 @@ pub(crate) mod shard;
 pub mod snapshot_store;
 pub mod store;
 pub(crate) mod telemetry;
+pub(crate) mod writers;
 
 // What other crates name (the tests crate's benches and recovery tests).
 pub use checkpoint::{checkpointer, record, restore};
@@ -115,7 +116,14 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
         Ownership::All => None,
         Ownership::Fixed(list) => Some(list),
     };
+    if config.writers > 1 {
+        let owned = partitions.unwrap_or_else(|| (0..config.partitions.partitions).collect());
+        let result = writers::run(&config, owned, snapshots, client, &shutdown, &tasks).await;
+        tracing::info!("aggregator stopped");
+        return result;
+    }
     let data_dir = config.data_dir();
+    writers::check_layout(&data_dir, config.writers, None)?;
     let records = CheckpointStore::open_with(&config.etcd, &data_dir, &name).await?;
     let spec = shard::Spec {
         name,

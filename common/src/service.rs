@@ -88,14 +88,14 @@ impl Default for Context {
 }
 
 /// A service: its validated settings, which know how to bind and run.
-pub trait Service: Sized {
+pub trait Service: Sized + Send + 'static {
     /// The name in the error line and the logs.
     const NAME: &'static str;
     /// The settings as parsed from flags and `ADSPEND_*` variables.
     type Config: Parser;
     /// The sockets the service serves on, besides `/metrics`.
-    type Listeners;
-    type Error: Failure + From<Error>;
+    type Listeners: Send;
+    type Error: Failure + From<Error> + Send + 'static;
 
     /// Everything that can be checked before binding or connecting, done
     /// once; every value is parsed here and kept in `Self`.
@@ -105,14 +105,14 @@ pub trait Service: Sized {
     fn metrics_addr(&self) -> SocketAddr;
 
     /// Bind the service's own listeners.
-    fn bind(&self) -> impl Future<Output = Result<Self::Listeners, Self::Error>>;
+    fn bind(&self) -> impl Future<Output = Result<Self::Listeners, Self::Error>> + Send;
 
     /// Serve until `context.shutdown` is cancelled or a fatal error.
     fn run(
         self,
         listeners: Self::Listeners,
         context: Context,
-    ) -> impl Future<Output = Result<(), Self::Error>>;
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 }
 
 /// The whole `main` of a service.
@@ -133,22 +133,50 @@ pub fn main<S: Service>() -> ExitCode {
         Ok(service) => service,
         Err(e) => return failed::<S>(&e),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let workers = match worker_threads() {
+        Ok(workers) => workers,
+        Err(e) => return failed::<S>(&S::Error::from(e)),
+    };
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(workers) = workers {
+        builder.worker_threads(workers);
+    }
+    let runtime = match builder.enable_all().thread_name(S::NAME).build() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("{}: error: cannot start the async runtime: {e}", S::NAME);
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    let result = runtime.block_on(serve(service));
+    // On the runtime's workers, not the main thread: whatever the service
+    // does inside its own future is then shared out like the rest.
+    let served = runtime.spawn(serve(service));
+    let result = runtime.block_on(served);
     // Whatever was not tracked (a blocking read in flight) is abandoned.
     runtime.shutdown_timeout(Duration::from_secs(1));
     match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => failed::<S>(&e),
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => failed::<S>(&e),
+        Err(e) => {
+            eprintln!("{}: error: the service's task ended: {e}", S::NAME);
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+/// `ADSPEND_WORKER_THREADS`: the async runtime's worker threads, `None`
+/// for one per core.
+fn worker_threads() -> Result<Option<usize>, Error> {
+    let Ok(value) = std::env::var(crate::env::WORKER_THREADS) else {
+        return Ok(None);
+    };
+    match value.trim().parse::<usize>() {
+        Ok(n) if (1..=1024).contains(&n) => Ok(Some(n)),
+        _ => Err(Error::Config {
+            name: crate::env::WORKER_THREADS,
+            value,
+            reason: "a number of threads, 1..=1024".into(),
+        }),
     }
 }
 

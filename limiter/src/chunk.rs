@@ -1,7 +1,9 @@
-//! One chunk of input messages, from pulled to acknowledged: mapped to
-//! output ([`emit`](crate::emit)), the output published
-//! ([`publish`](crate::publish)), then the input acknowledged. Output NATS
-//! keeps refusing while it answers is narrowed down to the message that
+//! One chunk of input messages, from pulled to acknowledged, in two steps
+//! that run apart: [`Mapping::map_chunk`], on a thread of its own, maps
+//! the chunk to output ([`emit`](crate::emit)) and encodes it; then, in the
+//! order the chunks were read, [`Limiter::complete`] publishes the output
+//! ([`publish`](crate::publish)) and acknowledges the input. Output NATS
+//! keeps refusing for what it is is narrowed down to the message that
 //! makes it, which is set aside ([`set_aside`](crate::set_aside)), so one
 //! message can never stop the others.
 
@@ -35,19 +37,6 @@ const MESSAGE_OVERHEAD_BYTES: u64 = 4096;
 
 pub(crate) type PullMessage = Result<jetstream::Message, consumer::pull::MessagesError>;
 
-pub(crate) struct Limiter {
-    pub publisher: Publisher,
-    pub catalog: watch::Receiver<Arc<Catalog>>,
-    pub partitions: u32,
-    pub tuples_per_message: usize,
-    pub max_cost_micros: u64,
-    pub downstream: Downstream,
-    /// The server's max payload (bytes): the failure point that makes an
-    /// output NATS refuses goes one past it.
-    #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
-    pub max_payload: usize,
-}
-
 /// Tuples per `SPEND` message: the setting, or fewer when the server's max
 /// payload could not take that many.
 pub(crate) fn tuples_per_message(setting: u32, max_payload: usize) -> usize {
@@ -55,11 +44,101 @@ pub(crate) fn tuples_per_message(setting: u32, max_payload: usize) -> usize {
     (u64::from(setting).min(fit)).max(1) as usize
 }
 
-/// The output NATS would not take, though it answered.
-struct Refused(String);
+/// What mapping a chunk needs; cloned into every mapping thread.
+#[derive(Clone)]
+pub struct Mapping {
+    pub catalog: watch::Receiver<Arc<Catalog>>,
+    pub partitions: u32,
+    pub tuples_per_message: usize,
+    pub max_cost_micros: u64,
+    /// The server's max payload (bytes): the failure point that makes an
+    /// output NATS refuses goes one past it.
+    #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+    pub max_payload: usize,
+}
 
-impl Limiter {
-    pub async fn handle_chunk(&mut self, chunk: Vec<PullMessage>) {
+/// One input message as mapping reads it.
+pub struct RawInput<'a> {
+    pub stream_seq: u64,
+    /// When JetStream stored it (unix ms).
+    pub published_ms: i64,
+    /// 1 the first time it is delivered.
+    pub delivered: i64,
+    pub payload: &'a [u8],
+}
+
+/// A chunk's output, encoded: the `SPEND` messages (their partition and
+/// tuples in `spend`, in order) followed by the dead letters.
+pub struct Encoded {
+    pub out: Output,
+    pub outgoing: Vec<OutMessage>,
+    pub spend: Vec<(u32, u64)>,
+    /// Impressions read again (their message was redelivered).
+    pub redelivered: u64,
+}
+
+/// A chunk mapped and encoded, waiting to be published in its turn.
+pub(crate) struct Mapped {
+    messages: Vec<jetstream::Message>,
+    encoded: Encoded,
+}
+
+impl Mapping {
+    /// Map `inputs` through the catalog as it is now, and encode the
+    /// output. The CPU path of the limiter, with no NATS in it.
+    pub fn map_inputs(&self, inputs: &[RawInput<'_>]) -> Encoded {
+        let catalog = self.catalog.borrow().clone();
+        let mut out = Output::new(self.partitions).with_max_cost(self.max_cost_micros);
+        let mut published_min = i64::MAX;
+        let mut redelivered = 0;
+        for input in inputs {
+            published_min = published_min.min(input.published_ms);
+            let before = out.impressions;
+            out.add(
+                &Input {
+                    stream_seq: input.stream_seq,
+                    payload: input.payload,
+                },
+                &catalog,
+            );
+            if input.delivered > 1 {
+                redelivered += out.impressions - before;
+            }
+        }
+        let source_ms = emit::chunk_source_ms(published_min, out.oldest_ts_ms);
+        let mut outgoing: Vec<OutMessage> = Vec::new();
+        let mut spend = Vec::new();
+        for (partition, part) in out.partitions.iter().enumerate() {
+            for (payload, tuples) in part.encode(self.tuples_per_message, source_ms) {
+                spend.push((partition as u32, tuples as u64));
+                outgoing.push(OutMessage {
+                    subject: spend_subject(partition as u32),
+                    headers: HeaderMap::new(),
+                    payload: payload.into(),
+                });
+            }
+        }
+        for letter in &out.dead_letters {
+            let mut headers = HeaderMap::new();
+            headers.insert("Nats-Msg-Id", letter.msg_id().as_str());
+            headers.insert("Adspend-Reason", letter.reason);
+            let payload = serde_json::to_vec(letter).expect("a dead letter serializes");
+            outgoing.push(OutMessage {
+                subject: format!("deadletter.{}", letter.reason),
+                headers,
+                payload: payload.into(),
+            });
+        }
+        Encoded {
+            out,
+            outgoing,
+            spend,
+            redelivered,
+        }
+    }
+
+    /// Map the messages of a pulled chunk; `None` when it held none.
+    pub(crate) fn map_chunk(&self, chunk: Vec<PullMessage>) -> Option<Mapped> {
         let mut received = Vec::with_capacity(chunk.len());
         for message in chunk {
             match message {
@@ -68,57 +147,90 @@ impl Limiter {
                 Err(e) => tracing::warn!(error = %e, "impressions consumer error"),
             }
         }
-        if received.is_empty() {
-            return;
+        (!received.is_empty()).then(|| self.map(received))
+    }
+
+    fn map(&self, messages: Vec<jetstream::Message>) -> Mapped {
+        let inputs: Vec<RawInput<'_>> = messages
+            .iter()
+            .map(|message| match message.info() {
+                Ok(info) => RawInput {
+                    stream_seq: info.stream_sequence,
+                    published_ms: (info.published.unix_timestamp_nanos() / 1_000_000) as i64,
+                    delivered: info.delivered,
+                    payload: &message.payload,
+                },
+                Err(_) => RawInput {
+                    stream_seq: 0,
+                    published_ms: now_ms(),
+                    delivered: 1,
+                    payload: &message.payload,
+                },
+            })
+            .collect();
+        #[cfg_attr(not(feature = "failpoints"), allow(unused_mut))]
+        let mut encoded = self.map_inputs(&inputs);
+        #[cfg(feature = "failpoints")]
+        self.refuse_for_failpoint(&inputs, &mut encoded.outgoing);
+        drop(inputs);
+        Mapped { messages, encoded }
+    }
+
+    /// `limiter.oversized_output=SEQ`: the output of the input message at
+    /// stream sequence SEQ gets one message over the server's max payload,
+    /// which NATS refuses as it would any such message.
+    #[cfg(feature = "failpoints")]
+    fn refuse_for_failpoint(&self, inputs: &[RawInput<'_>], outgoing: &mut Vec<OutMessage>) {
+        let poisoned = inputs
+            .iter()
+            .any(|input| failpoint::armed_for("limiter.oversized_output", input.stream_seq));
+        if poisoned {
+            outgoing.push(OutMessage {
+                subject: "deadletter.failpoint".to_string(),
+                headers: HeaderMap::new(),
+                payload: vec![0u8; self.max_payload + 1].into(),
+            });
         }
-        let Err(Refused(error)) = self.handle_messages(&received).await else {
+    }
+}
+
+/// What publishes mapped chunks, in order, and acknowledges their input.
+pub(crate) struct Limiter {
+    pub publisher: Publisher,
+    pub mapping: Mapping,
+    pub downstream: Downstream,
+}
+
+/// The output NATS would not take, though it answered.
+struct Refused(String);
+
+impl Limiter {
+    /// Publish a mapped chunk and acknowledge its input. Output NATS
+    /// refuses is narrowed down to the message that makes it, mapped anew
+    /// one message at a time, and that message is set aside.
+    pub async fn complete(&mut self, mapped: Mapped) {
+        let Err(Refused(error)) = self.publish_and_ack(&mapped).await else {
             return;
         };
-        if received.len() == 1 {
-            crate::set_aside::set_aside(&self.publisher, &received[0], &error).await;
+        let messages = mapped.messages;
+        if messages.len() == 1 {
+            crate::set_aside::set_aside(&self.publisher, &messages[0], &error).await;
             return;
         }
-        tracing::warn!(messages = received.len(), error = %error, "NATS refuses a chunk's output; trying its messages one by one");
-        for message in &received {
-            if let Err(Refused(error)) = self.handle_messages(std::slice::from_ref(message)).await {
-                crate::set_aside::set_aside(&self.publisher, message, &error).await;
+        tracing::warn!(messages = messages.len(), error = %error, "NATS refuses a chunk's output; trying its messages one by one");
+        for message in messages {
+            let single = self.mapping.map(vec![message]);
+            if let Err(Refused(error)) = self.publish_and_ack(&single).await {
+                crate::set_aside::set_aside(&self.publisher, &single.messages[0], &error).await;
             }
         }
     }
 
-    /// Map, publish and acknowledge `messages` as one; `Refused` leaves
-    /// them unacknowledged.
-    async fn handle_messages(&mut self, messages: &[jetstream::Message]) -> Result<(), Refused> {
-        let catalog = self.catalog.borrow().clone();
-        let mut out = Output::new(self.partitions).with_max_cost(self.max_cost_micros);
-        let mut published_min = i64::MAX;
-        // Impressions read again: JetStream redelivered their message (an
-        // ack wait ran out, or a limiter died holding it).
-        let mut redelivered = 0;
-        for message in messages {
-            let (stream_seq, published_ms, delivered) = match message.info() {
-                Ok(info) => (
-                    info.stream_sequence,
-                    (info.published.unix_timestamp_nanos() / 1_000_000) as i64,
-                    info.delivered,
-                ),
-                Err(_) => (0, now_ms(), 1),
-            };
-            published_min = published_min.min(published_ms);
-            let before = out.impressions;
-            out.add(
-                &Input {
-                    stream_seq,
-                    payload: &message.payload,
-                },
-                &catalog,
-            );
-            if delivered > 1 {
-                redelivered += out.impressions - before;
-            }
-        }
-        let source_ms = emit::chunk_source_ms(published_min, out.oldest_ts_ms);
-        let publish = self.publish_output(&out, source_ms, messages);
+    /// Publish `mapped`'s output and acknowledge its input as one;
+    /// `Refused` leaves the input unacknowledged.
+    async fn publish_and_ack(&mut self, mapped: &Mapped) -> Result<(), Refused> {
+        let Mapped { messages, encoded } = mapped;
+        let publish = self.publish_output(encoded);
         tokio::pin!(publish);
         let mut progress =
             tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
@@ -141,8 +253,9 @@ impl Limiter {
             Publish::Refused(error) => return Err(Refused(error)),
         }
         failpoint::hit("limiter.after_publish");
+        let out = &encoded.out;
         metrics::counter!(IMPRESSIONS_TOTAL).increment(out.impressions);
-        metrics::counter!(REDELIVERED_IMPRESSIONS_TOTAL).increment(redelivered);
+        metrics::counter!(REDELIVERED_IMPRESSIONS_TOTAL).increment(encoded.redelivered);
         metrics::counter!(TUPLES_EMITTED_TOTAL).increment(out.tuples() as u64);
         for (reason, n) in &out.rejected {
             metrics::counter!(REJECTED_TOTAL, "reason" => reason.as_str()).increment(*n);
@@ -163,72 +276,21 @@ impl Limiter {
 
     /// Publish everything and wait for JetStream to acknowledge all of it
     /// (re-sent tuples carry the same ids and are dropped downstream).
-    async fn publish_output(
-        &self,
-        out: &Output,
-        source_ms: i64,
-        _input: &[jetstream::Message],
-    ) -> Publish {
-        let mut messages: Vec<OutMessage> = Vec::new();
-        // Partition and tuples of each SPEND message, in `messages`' order.
-        let mut spend = Vec::new();
-        for (partition, out) in out.partitions.iter().enumerate() {
-            for (payload, tuples) in out.encode(self.tuples_per_message, source_ms) {
-                spend.push((partition as u32, tuples as u64));
-                messages.push(OutMessage {
-                    subject: spend_subject(partition as u32),
-                    headers: HeaderMap::new(),
-                    payload: payload.into(),
-                });
-            }
-        }
-        let spend_messages = messages.len();
-        for letter in &out.dead_letters {
-            let mut headers = HeaderMap::new();
-            headers.insert("Nats-Msg-Id", letter.msg_id().as_str());
-            headers.insert("Adspend-Reason", letter.reason);
-            let payload = serde_json::to_vec(letter).expect("a dead letter serializes");
-            messages.push(OutMessage {
-                subject: format!("deadletter.{}", letter.reason),
-                headers,
-                payload: payload.into(),
-            });
-        }
-        #[cfg(feature = "failpoints")]
-        self.refuse_for_failpoint(_input, &mut messages);
-        let published = self.publisher.publish(&messages, true).await;
+    async fn publish_output(&self, encoded: &Encoded) -> Publish {
+        let published = self.publisher.publish(&encoded.outgoing, true).await;
         if let Publish::Done(seqs) = &published {
-            metrics::counter!(SPEND_MESSAGES_TOTAL).increment(spend_messages as u64);
-            for (&(partition, tuples), &seq) in spend.iter().zip(seqs) {
+            metrics::counter!(SPEND_MESSAGES_TOTAL).increment(encoded.spend.len() as u64);
+            for (&(partition, tuples), &seq) in encoded.spend.iter().zip(seqs) {
                 self.downstream.published(partition, seq, tuples);
             }
         }
         published
     }
 
-    /// `limiter.oversized_output=SEQ`: the output of the input message at
-    /// stream sequence SEQ gets one message over the server's max payload,
-    /// which NATS refuses as it would any such message.
-    #[cfg(feature = "failpoints")]
-    fn refuse_for_failpoint(&self, input: &[jetstream::Message], messages: &mut Vec<OutMessage>) {
-        let poisoned = input.iter().any(|m| {
-            m.info().is_ok_and(|info| {
-                failpoint::armed_for("limiter.oversized_output", info.stream_sequence)
-            })
-        });
-        if poisoned {
-            messages.push(OutMessage {
-                subject: "deadletter.failpoint".to_string(),
-                headers: HeaderMap::new(),
-                payload: vec![0u8; self.max_payload + 1].into(),
-            });
-        }
-    }
-
     pub async fn publish_markers(&mut self) {
-        let markers = crate::publish::markers(self.partitions);
+        let markers = crate::publish::markers(self.mapping.partitions);
         if let Publish::Done(_) = self.publisher.publish(&markers, false).await {
-            metrics::counter!(MARKERS_TOTAL).increment(u64::from(self.partitions));
+            metrics::counter!(MARKERS_TOTAL).increment(u64::from(self.mapping.partitions));
         }
     }
 }

@@ -79,6 +79,22 @@ pub struct Config {
     #[arg(long, env = env::LIMITER_DOWNSTREAM_TARGET_MS, default_value_t = 30,
           value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub downstream_target_ms: u64,
+    /// Chunks mapped at once (decoded, validated, mapped through the
+    /// catalog and encoded), each on a thread of the blocking pool, while
+    /// the mapped ones are published in order; 0: one per core.
+    #[arg(long, env = env::LIMITER_WORKERS, default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=1024))]
+    pub workers: u32,
+}
+
+impl Config {
+    /// [`Config::workers`], with 0 read as the machine's cores.
+    pub fn workers(&self) -> usize {
+        match self.workers {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => n as usize,
+        }
+    }
 }
 
 /// See [`Config::scheduling`].

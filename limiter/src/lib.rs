@@ -1,15 +1,18 @@
 //! The limiter: `IMPRESSIONS` → spend tuples on `SPEND`.
 //!
-//! [`run`] pulls input from a durable JetStream consumer in chunks; [`emit`]
-//! parses each NDJSON line ([`validate`]), maps the ad to its limits through
-//! the catalog and groups the tuples by partition; the chunk's output (spend
-//! batches and dead letters) is published and acknowledged by JetStream before
-//! the input is acknowledged. A timer injects a checkpoint marker into every
-//! partition; it runs in the same loop, so markers are ordered with the
-//! batches around them, as does a timer that sends the pacers a [`report`]
-//! of how the input is shared among its sources.
+//! [`run`] pulls input from a durable JetStream consumer in chunks and hands
+//! each to a thread of its own ([`chunk::Mapping`], up to
+//! `ADSPEND_LIMITER_WORKERS` at once), where [`emit`] parses each NDJSON line
+//! ([`validate`]), maps the ad to its limits through the catalog, groups the
+//! tuples by partition and encodes them. One task publishes the mapped chunks
+//! in the order they were read: a chunk's output (spend batches and dead
+//! letters) is published and acknowledged by JetStream before its input is
+//! acknowledged. A timer injects a checkpoint marker into every partition
+//! through the same ordered queue, so markers are ordered with the batches
+//! around them, as does a timer that sends the pacers a [`report`] of how
+//! the input is shared among its sources.
 
-mod chunk;
+pub mod chunk;
 pub mod config;
 pub mod dead_letter;
 pub mod downstream;
@@ -29,11 +32,13 @@ use adspend_common::nats;
 use adspend_common::service::{self, Context, Service};
 use async_nats::jetstream;
 
-use chunk::Limiter;
+use chunk::{Limiter, Mapped, Mapping};
 pub use config::{Config, Validated};
 use downstream::Downstream;
 pub use error::Error;
 use publish::Publisher;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 impl Service for Validated {
     const NAME: &'static str = "limiter";
@@ -63,6 +68,30 @@ impl service::Failure for Error {
         match self {
             Error::Common(e) => Some(e),
             _ => None,
+        }
+    }
+}
+
+/// What the publisher does next, in the order the loop read it.
+enum Step {
+    /// A chunk being mapped on its own thread.
+    Chunk(JoinHandle<Option<Mapped>>),
+    /// A checkpoint marker to every partition.
+    Markers,
+}
+
+/// Publish each step's output in turn: the per-partition order of `SPEND`
+/// is the order the chunks were read in, whatever thread mapped them.
+async fn publish_in_order(mut limiter: Limiter, mut steps: mpsc::Receiver<Step>) {
+    while let Some(step) = steps.recv().await {
+        match step {
+            Step::Markers => limiter.publish_markers().await,
+            Step::Chunk(mapping) => match mapping.await {
+                Ok(Some(mapped)) => limiter.complete(mapped).await,
+                Ok(None) => {}
+                // Its input stays unacknowledged and is redelivered.
+                Err(e) => tracing::error!(error = %e, "mapping a chunk failed"),
+            },
         }
     }
 }
@@ -117,36 +146,62 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
         "limiter running"
     );
     let max_payload = client.server_info().max_payload;
-    let mut limiter = Limiter {
-        publisher: Publisher::new(js, shutdown.clone()),
+    let mapping = Mapping {
         catalog,
         partitions: config.partitions.partitions,
         tuples_per_message: chunk::tuples_per_message(config.tuples_per_message, max_payload),
         max_cost_micros: config.max_cost_micros,
-        downstream,
         max_payload,
     };
+    let limiter = Limiter {
+        publisher: Publisher::new(js, shutdown.clone()),
+        mapping: mapping.clone(),
+        downstream,
+    };
+    // Chunks are mapped on up to `workers` threads at once and published
+    // in the order they were read: the channel holds what waits its turn.
+    let workers = config.workers();
+    let (steps, queued) = mpsc::channel(workers);
+    let publishing = tasks.spawn(publish_in_order(limiter, queued));
     let mut markers = tokio::time::interval(config.checkpoint_interval());
     markers.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     markers.tick().await;
     let mut reporter = report::Reporter::new(&config.consumer, config.scheduling);
     let mut reports = tokio::time::interval(report::REPORT_EVERY);
     reports.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tracing::info!(workers, "limiter mapping");
     loop {
-        tokio::select! {
+        let step = tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            _ = markers.tick() => limiter.publish_markers().await,
-            _ = reports.tick() => reporter.send(&client, input.report()).await,
+            _ = markers.tick() => Step::Markers,
+            _ = reports.tick() => {
+                reporter.send(&client, input.report()).await;
+                continue;
+            }
             chunk = input.next() => match chunk {
-                Some(chunk) => limiter.handle_chunk(chunk).await,
+                Some(chunk) => {
+                    let mapping = mapping.clone();
+                    Step::Chunk(tokio::task::spawn_blocking(move || mapping.map_chunk(chunk)))
+                }
                 None => {
                     tracing::warn!("impressions consumer ended");
                     break;
                 }
             },
+        };
+        let queued = tokio::select! {
+            sent = steps.send(step) => sent.is_ok(),
+            _ = shutdown.cancelled() => false,
+        };
+        if !queued {
+            break;
         }
     }
+    // What is queued is abandoned by the publisher (shutdown) and
+    // redelivered to the next limiter, as a chunk in hand would be.
+    drop(steps);
+    let _ = publishing.await;
     tracing::info!("limiter stopped");
     Ok(())
 }

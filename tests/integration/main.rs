@@ -27,6 +27,7 @@ mod openapi;
 mod pacer_api;
 mod pacer_bounds;
 mod pacer_https;
+mod parallel;
 mod pipeline;
 mod poison;
 mod prometheus;
