@@ -1,7 +1,9 @@
 //! A full data directory is an outage, not a verdict: the aggregator holds
 //! its partitions and waits for space instead of exiting.
 //!
-//! A write that fails for want of space (`ENOSPC`, `EDQUOT`) leaves nothing
+//! A write that fails for want of space (`ENOSPC`, `EDQUOT`, or LMDB's
+//! `EIO` for a write cut short on a file system with almost nothing free)
+//! leaves nothing
 //! half done: an LMDB commit that fails is aborted whole, the epoch file is
 //! written aside and renamed. So the step is simply tried again, with
 //! backoff, until space returns ([`SpaceWait`]). Meanwhile nothing is
@@ -31,17 +33,24 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// into `tmp/`, so the message names that file's size too.
 const HEADROOM_BYTES: u64 = 64 << 20;
 
-/// Whether `error` is a write that failed for want of space.
+/// Whether `error` is a write that failed for want of space. LMDB reports
+/// a write the disk cut short as EIO, not ENOSPC: an EIO from LMDB counts
+/// when the file system it writes to has less than [`HEADROOM_BYTES`]
+/// free; elsewhere it stays what it says, a failing disk.
 pub(crate) fn is_full(error: &Error) -> bool {
-    let io = match error {
+    match error {
         Error::Lmdb {
             source: heed::Error::Io(io),
+            path,
             ..
-        } => Some(io),
-        Error::Common(adspend_common::Error::Io { source, .. }) => Some(source),
-        _ => None,
-    };
-    io.is_some_and(no_space)
+        } => {
+            no_space(io)
+                || (io.raw_os_error() == Some(libc::EIO)
+                    && space(path).is_some_and(|(free, _)| free < HEADROOM_BYTES))
+        }
+        Error::Common(adspend_common::Error::Io { source, .. }) => no_space(source),
+        _ => false,
+    }
 }
 
 fn no_space(io: &std::io::Error) -> bool {
@@ -197,9 +206,12 @@ mod tests {
         ));
         assert!(is_full(&epoch), "{epoch}");
 
+        // EIO on a file system with room: a failing disk, not a full one.
+        let roomy = tempfile::tempdir().unwrap();
         let eio = std::io::Error::from_raw_os_error(libc::EIO);
-        let broken = Error::lmdb(Path::new("/data/lmdb"), "commit")(heed::Error::Io(eio));
-        assert!(!is_full(&broken), "{broken}");
+        let broken = Error::lmdb(roomy.path(), "commit")(heed::Error::Io(eio));
+        let (free, _) = space(roomy.path()).unwrap();
+        assert_eq!(is_full(&broken), free < HEADROOM_BYTES, "{broken}");
         let map_full = Error::lmdb(Path::new("/data/lmdb"), "commit")(heed::Error::Mdb(
             heed::MdbError::MapFull,
         ));

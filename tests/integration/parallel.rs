@@ -206,3 +206,50 @@ async fn two_writers_are_exact_through_a_crash_in_one_of_them() {
     .await
     .expect("both shards checkpoint");
 }
+
+/// Two limiter processes on one source share its durable consumer, each
+/// taking part of the input; a kill of one mid-run leaves the other to
+/// take over what the dead one held (after the ack wait), exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_limiters_on_one_source_are_exact_through_a_kill_of_one() {
+    let mut p = Pipeline::start(Backends::default(), 60).await;
+    let (first, second) = (free_port(), free_port());
+    p.aggregator = Some(p.spawn("aggregator"));
+    p.pacer = Some(p.spawn("pacer"));
+    p.wait_pacer().await;
+    let small = [("ADSPEND_LIMITER_MAX_BATCH", "2")];
+    p.limiter = Some(p.spawn_with("limiter", first, &small));
+    let mut other = p.spawn_with("limiter", second, &small);
+    let client = p.client().await;
+    let catalog = p.catalog.clone();
+    let mut config = sim_config(30_000, 93);
+    config.rate = 3_000.0;
+    let publisher = tokio::spawn(async move {
+        adspend_sim::run(
+            &client,
+            &config,
+            &catalog,
+            tokio_util::sync::CancellationToken::new(),
+        )
+        .await
+    });
+    let busy = |port: u16| async move {
+        crate::support::try_metric(port, "adspend_limiter_impressions_total")
+            .await
+            .unwrap_or(0.0)
+    };
+    wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async { busy(first).await > 0.0 && busy(second).await > 0.0 },
+    )
+    .await
+    .expect("both limiters take part of the input");
+    other.kill();
+    let truth = publisher.await.expect("publisher").expect("simulator");
+    assert_exact(&p.settle(&truth, Duration::from_secs(120)).await, &truth);
+    println!(
+        "two limiters: the survivor counted {} impressions, exact",
+        busy(first).await
+    );
+}

@@ -11,6 +11,7 @@ pub mod pacing;
 pub mod peers;
 pub mod recovery;
 pub mod report;
+pub mod scale;
 pub mod stages;
 pub mod state;
 pub mod workload;

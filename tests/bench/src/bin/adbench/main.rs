@@ -12,6 +12,7 @@ mod fair;
 mod pacing;
 mod peers;
 mod recovery;
+mod scale;
 mod state;
 
 use std::path::PathBuf;
@@ -35,6 +36,9 @@ enum Section {
     Pacing,
     /// The pacer's GET latency under cheap attacks (not in the default list).
     Attack,
+    /// The CPU stages at 1..n threads and the pipeline with sets of
+    /// processes (not in the default list).
+    Scale,
 }
 
 #[derive(Parser)]
@@ -151,6 +155,20 @@ struct Args {
     /// (`source,kind,at_s,delay_ms`) into this folder.
     #[arg(long)]
     fair_csv: Option<std::path::PathBuf>,
+    /// Thread counts of the scale section's stage benchmarks (the limiter's
+    /// CPU path and the aggregator's apply); the first is the base of the
+    /// speedups.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    scale_threads: Vec<usize>,
+    /// Process sets of the scale section's pipeline runs, `LIMITERSxAGGREGATORS`.
+    #[arg(long, value_delimiter = ',', value_parser = scale::process_set, default_value = "1x1,2x2")]
+    scale_sets: Vec<(usize, usize)>,
+    /// Seconds of each sustained run of the scale section.
+    #[arg(long, default_value_t = 30)]
+    scale_secs: u64,
+    /// Events the limiter's CPU path maps in the scale section.
+    #[arg(long, default_value_t = 400_000)]
+    scale_events: u64,
     /// Where to write the results table (markdown).
     #[arg(long, default_value = "target/bench/results.md")]
     out: PathBuf,
@@ -212,6 +230,7 @@ async fn run(args: &Args) -> anyhow::Result<Table> {
             Section::Fair => fair::fair_sharing(args, &mut table).await?,
             Section::Pacing => pacing::closed_loop(args, &mut table).await?,
             Section::Attack => attack(&mut table).await?,
+            Section::Scale => scale::scaling(args, &mut table).await?,
         }
     }
     Ok(table)

@@ -1,0 +1,222 @@
+//! How the pipeline scales: the limiter's CPU path and the aggregator's
+//! apply at each of `--scale-threads`, then the whole pipeline with each
+//! process set of `--scale-sets` (limiters x aggregators), every run exact,
+//! with the share of its process's CPU the hottest thread of each service
+//! took. The same command runs unchanged on any number of cores.
+
+use std::time::{Duration, Instant};
+
+use adspend_bench::report::{number, Samples, Table, Target};
+use adspend_bench::scale::{self, ProcessSet};
+use adspend_bench::workload::{Workload, WorkloadSpec};
+use adspend_bench::{e2e, host};
+
+use crate::{samples, scratch, Args};
+
+/// `LxA`: limiter and aggregator processes.
+pub(crate) fn process_set(text: &str) -> Result<(usize, usize), String> {
+    let (l, a) = text
+        .split_once('x')
+        .ok_or_else(|| format!("{text:?}: LIMITERSxAGGREGATORS, e.g. 2x2"))?;
+    let parse = |n: &str| n.trim().parse::<usize>().ok().filter(|&n| n >= 1);
+    match (parse(l), parse(a)) {
+        (Some(l), Some(a)) => Ok((l, a)),
+        _ => Err(format!("{text:?}: counts of 1 or more")),
+    }
+}
+
+pub(crate) async fn scaling(args: &Args, table: &mut Table) -> anyhow::Result<()> {
+    stages(args, table)?;
+    for &(limiters, aggregators) in &args.scale_sets {
+        pipeline(args, table, limiters, aggregators).await?;
+    }
+    Ok(())
+}
+
+/// The two CPU stages without NATS, at each thread count.
+fn stages(args: &Args, table: &mut Table) -> anyhow::Result<()> {
+    let spec = WorkloadSpec {
+        ads: args.ads,
+        events: args.scale_events,
+        batch: args.batch,
+        duplicate_rate: 0.05,
+        seed: 11,
+    };
+    println!(
+        "bench: scale: generating {} events for the limiter's CPU path",
+        number(spec.events as f64)
+    );
+    let workload = Workload::generate(&spec)?;
+    let dir = scratch(args, "scale-catalog")?;
+    let mapping = scale::mapping(&workload.catalog, dir.path(), 16)?;
+    let base_threads = args.scale_threads.first().copied().unwrap_or(1);
+    let (mut limiter_base, mut apply_base) = (None, None);
+    for &threads in &args.scale_threads {
+        let mut rates = Samples::default();
+        for _ in 0..args.runs {
+            let rate = scale::limiter_cpu(&mapping, &workload, 8, threads);
+            println!(
+                "bench:   limiter CPU path, {threads} thread(s): {} impressions/s",
+                number(rate)
+            );
+            rates.push(rate);
+        }
+        let median = rates.median();
+        table.add(
+            format!("limiter CPU path, {threads} thread(s)"),
+            "impressions/s",
+            rates,
+            None,
+            format!(
+                "decode, validate, map, encode; chunks of 8 messages of {} events, no NATS",
+                args.batch
+            ),
+        );
+        speedup(
+            table,
+            "limiter CPU path",
+            threads,
+            base_threads,
+            median,
+            &mut limiter_base,
+        );
+
+        let mut rates = Samples::default();
+        for _ in 0..args.runs {
+            let dir = scratch(args, "scale-apply")?;
+            let rate = scale::aggregator_apply(dir.path(), threads, 100_000, 10)?;
+            println!(
+                "bench:   aggregator apply, {threads} writer(s): {} tuples/s",
+                number(rate)
+            );
+            rates.push(rate);
+        }
+        let median = rates.median();
+        table.add(
+            format!("aggregator apply, {threads} writer(s)"),
+            "tuples/s",
+            rates,
+            None,
+            "a shard per writer, its own LMDB; 100,000 limits (Zipf 1.0) split among them; 200,000 tuples per commit",
+        );
+        speedup(
+            table,
+            "aggregator apply",
+            threads,
+            base_threads,
+            median,
+            &mut apply_base,
+        );
+    }
+    Ok(())
+}
+
+/// A row "speedup, 1 → n threads" once the base is known.
+fn speedup(
+    table: &mut Table,
+    what: &str,
+    threads: usize,
+    base_threads: usize,
+    median: f64,
+    base: &mut Option<f64>,
+) {
+    match *base {
+        None => *base = Some(median),
+        Some(base) if threads > base_threads => {
+            let target = (threads == 2 * base_threads).then_some(Target {
+                text: ">= 1.8",
+                bound: 1.8,
+                higher: true,
+            });
+            table.add(
+                format!("{what}: speedup {base_threads} → {threads} threads"),
+                "x",
+                samples([median / base]),
+                target,
+                "medians",
+            );
+        }
+        Some(_) => {}
+    }
+}
+
+/// One process set end to end: sustained throughput (exact), and the
+/// hottest thread's share of each process's CPU meanwhile.
+async fn pipeline(
+    args: &Args,
+    table: &mut Table,
+    limiters: usize,
+    aggregators: usize,
+) -> anyhow::Result<()> {
+    let catalog = adspend_sim::generate_catalog(&adspend_sim::CatalogSpec::for_ads(args.ads), 3)?;
+    let mut rates = Samples::default();
+    let mut shares: Vec<(String, Samples)> = Vec::new();
+    for run in 0..args.runs {
+        host::settle().await;
+        let set = ProcessSet::start(
+            catalog.clone(),
+            limiters,
+            aggregators,
+            &args.e2e_service_env,
+        )
+        .await?;
+        let before = scale::sample(&set);
+        let started = Instant::now();
+        let result = e2e::sustained(
+            &set.pipeline,
+            Duration::from_secs(args.scale_secs),
+            args.batch,
+            300 + run as u64,
+        )
+        .await?;
+        let cpu = scale::cpu_since(&before, started.elapsed());
+        anyhow::ensure!(
+            result.exact,
+            "{limiters}x{aggregators} run {run} did not match the truth"
+        );
+        println!(
+            "bench:   {limiters} limiter(s) x {aggregators} aggregator(s): {} events in {:.1}s = {} events/s, exact",
+            result.events,
+            result.secs,
+            number(result.events_per_sec)
+        );
+        rates.push(result.events_per_sec);
+        for process in cpu {
+            println!(
+                "bench:     {}: {:.2} cores, hottest thread {} at {:.0}% of it",
+                process.role,
+                process.cores,
+                process.hottest,
+                process.share * 100.0
+            );
+            match shares.iter_mut().find(|(role, _)| *role == process.role) {
+                Some((_, s)) => s.push(process.share * 100.0),
+                None => shares.push((process.role, samples([process.share * 100.0]))),
+            }
+        }
+    }
+    let mut note = format!(
+        "{} s sustained, durable NATS, {} events/message, 5% duplicates",
+        args.scale_secs, args.batch
+    );
+    for (name, value) in &args.e2e_service_env {
+        note.push_str(&format!(", {name}={value}"));
+    }
+    table.add(
+        format!("end to end, {limiters} limiter(s) x {aggregators} aggregator(s)"),
+        "impressions/s",
+        rates,
+        None,
+        note,
+    );
+    for (role, share) in shares {
+        table.add(
+            format!("  {limiters}x{aggregators}: hottest thread of {role}"),
+            "% of its CPU",
+            share,
+            None,
+            "from /proc/<pid>/task/*/stat over the sustained run",
+        );
+    }
+    Ok(())
+}
