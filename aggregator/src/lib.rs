@@ -124,7 +124,8 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
     }
     let data_dir = config.data_dir();
     writers::check_layout(&data_dir, config.writers, None)?;
-    let records = CheckpointStore::open_with(&config.etcd, &data_dir, &name).await?;
+    let background = adspend_common::etcd::Background::on(&tasks, shutdown.clone());
+    let records = CheckpointStore::open_with(&config.etcd, &data_dir, &name, &background).await?;
     let spec = shard::Spec {
         name,
         partitions,

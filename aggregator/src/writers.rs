@@ -118,10 +118,11 @@ pub(crate) async fn run(
     check_layout(&data_dir, config.writers, Some(&names))?;
     // One token for all: the first shard to fail stops the others.
     let stop = shutdown.child_token();
+    let background = adspend_common::etcd::Background::on(tasks, shutdown.clone());
     let mut handles = Vec::with_capacity(groups.len());
     for (partitions, name) in groups.into_iter().zip(names) {
         let dir = data_dir.join(&name);
-        let records = CheckpointStore::open_with(&config.etcd, &dir, &name).await?;
+        let records = CheckpointStore::open_with(&config.etcd, &dir, &name, &background).await?;
         let spec = shard::Spec {
             name,
             partitions: Some(partitions),

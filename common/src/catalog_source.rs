@@ -40,7 +40,8 @@ impl CatalogSource {
                 Ok(rx)
             }
             CatalogSource::Etcd { etcd, key } => {
-                let mut client = crate::etcd::connect(&etcd).await?;
+                let background = crate::etcd::Background::on(tasks, cancel.clone());
+                let mut client = crate::etcd::connect(&etcd, &background).await?;
                 let response = client
                     .get(key.as_str(), None)
                     .await

@@ -1,19 +1,55 @@
 //! etcd connection, over TLS with a client certificate when the settings
 //! ask for it, with a clear error when it cannot be reached.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::task::TaskTracker;
 
 use crate::config::EtcdArgs;
 
 mod endpoints;
 use crate::error::{Error, Result};
 
+/// Where a client's background work (the endpoint prober, with several
+/// endpoints) runs, and what ends it: a service's tracker and shutdown, so
+/// a stop waits for it; or, for a client of its own, a tracker ended when
+/// the last clone of this value is dropped.
+#[derive(Clone)]
+pub struct Background {
+    tasks: TaskTracker,
+    stop: CancellationToken,
+    _owned: Option<Arc<DropGuard>>,
+}
+
+impl Background {
+    /// On a service's `tasks`, ended by `stop`.
+    pub fn on(tasks: &TaskTracker, stop: CancellationToken) -> Self {
+        Background {
+            tasks: tasks.clone(),
+            stop,
+            _owned: None,
+        }
+    }
+
+    /// Its own: ended when the last clone is dropped. Keep it as long as
+    /// the client.
+    pub fn own() -> Self {
+        let stop = CancellationToken::new();
+        Background {
+            tasks: TaskTracker::new(),
+            _owned: Some(Arc::new(stop.clone().drop_guard())),
+            stop,
+        }
+    }
+}
+
 /// Connect and prove the cluster answers (a lazy channel would only fail at
 /// the first request, far from the setting that caused it). The settings are
 /// checked first, so a wrong one is reported by its name.
-pub async fn connect(etcd: &EtcdArgs) -> Result<Client> {
+pub async fn connect(etcd: &EtcdArgs, background: &Background) -> Result<Client> {
     etcd.validate()?;
     let endpoints = etcd.endpoints();
     let joined = endpoints.join(",");
@@ -68,7 +104,14 @@ pub async fn connect(etcd: &EtcdArgs) -> Result<Client> {
     if endpoints.len() > 1 {
         let mut probes = endpoints::Endpoints::new(endpoints, options);
         probes.first_round(&client).await;
-        tokio::spawn(probes.keep_live(client.clone()));
+        let stop = background.stop.clone();
+        let shared = client.clone();
+        background.tasks.spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = probes.keep_live(shared) => {}
+            }
+        });
     }
     Ok(client)
 }

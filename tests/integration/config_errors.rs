@@ -193,6 +193,16 @@ async fn bad_settings_exit_64_naming_the_setting() {
             &[("ADSPEND_CATALOG", "etcd:///adspend/catalog")],
             "ADSPEND_ETCD_ENDPOINTS",
         ),
+        (
+            "aggregator",
+            &[("ADSPEND_WORKER_THREADS", "0")],
+            "ADSPEND_WORKER_THREADS",
+        ),
+        (
+            "pacer",
+            &[("ADSPEND_WORKER_THREADS", "many")],
+            "ADSPEND_WORKER_THREADS",
+        ),
     ] {
         let line = fails_with(&p, service, extra, EXIT_BAD_SETTING, expected).await;
         assert!(line.contains("invalid setting"), "{line}");
@@ -215,6 +225,8 @@ async fn bad_settings_exit_64_naming_the_setting() {
             "100",
             "--lease-ttl-ms",
         ),
+        ("aggregator", "ADSPEND_AGGREGATOR_WRITERS", "0", "--writers"),
+        ("limiter", "ADSPEND_LIMITER_WORKERS", "-1", "--workers"),
         (
             "pacer",
             "ADSPEND_PACER_STALE_AFTER_MS",

@@ -72,7 +72,9 @@ async fn a_dead_endpoint_leaves_the_balance_and_comes_back() {
     let relay = Relay::start(target.clone(), 0).await;
     let relay_port = relay.port;
     let endpoints = format!("{direct},http://127.0.0.1:{relay_port}");
-    let mut client = adspend_common::etcd::connect(&EtcdArgs::plain(endpoints))
+    // The prober lives as long as this: the whole test.
+    let background = adspend_common::etcd::Background::own();
+    let mut client = adspend_common::etcd::connect(&EtcdArgs::plain(endpoints), &background)
         .await
         .expect("connect over both endpoints");
     assert_eq!(failures(&mut client, 20).await, 0, "both endpoints up");
@@ -110,11 +112,39 @@ async fn a_service_starts_while_one_endpoint_is_down() {
     let endpoints = format!("{dead},{}", etcd.endpoints());
     for attempt in 1..=10 {
         let started = Instant::now();
-        adspend_common::etcd::connect(&EtcdArgs::plain(endpoints.clone()))
-            .await
-            .unwrap_or_else(|e| panic!("connect {attempt} with one dead endpoint of two: {e}"));
+        adspend_common::etcd::connect(
+            &EtcdArgs::plain(endpoints.clone()),
+            &adspend_common::etcd::Background::own(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("connect {attempt} with one dead endpoint of two: {e}"));
         assert!(started.elapsed() < Duration::from_secs(10));
     }
-    let alone = adspend_common::etcd::connect(&EtcdArgs::plain(dead)).await;
+    let alone = adspend_common::etcd::connect(
+        &EtcdArgs::plain(dead),
+        &adspend_common::etcd::Background::own(),
+    )
+    .await;
     assert!(alone.is_err(), "a dead endpoint alone connected");
+}
+
+/// The endpoint prober runs on the tracker it is given and ends with its
+/// token, as a service's shutdown waits for it; a client of its own
+/// (`Background::own`) takes its prober with it when dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prober_runs_on_the_services_tracker_and_ends_with_it() {
+    let etcd = Etcd::start().await;
+    let endpoints = format!("{0},{0}", etcd.endpoints());
+    let tasks = tokio_util::task::TaskTracker::new();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let background = adspend_common::etcd::Background::on(&tasks, stop.clone());
+    let _client = adspend_common::etcd::connect(&EtcdArgs::plain(endpoints), &background)
+        .await
+        .expect("connect");
+    assert_eq!(tasks.len(), 1, "the prober is on the tracker");
+    stop.cancel();
+    tasks.close();
+    tokio::time::timeout(Duration::from_secs(5), tasks.wait())
+        .await
+        .expect("the prober ends with its token");
 }

@@ -119,7 +119,7 @@ async fn clients_without_the_right_certificate_are_refused() {
     // Control: the same settings with the right certificate connect, so
     // each refusal below is about what it changes.
     let mut good = etcd.client_args();
-    adspend_common::etcd::connect(&good)
+    adspend_common::etcd::connect(&good, &adspend_common::etcd::Background::own())
         .await
         .expect("the harness's certificate is accepted");
 
@@ -138,7 +138,7 @@ async fn clients_without_the_right_certificate_are_refused() {
     // The client's own check: a server certificate from a CA it does not
     // trust is refused before the client shows its certificate.
     good.etcd_tls_ca = Some(other.ca());
-    let err = adspend_common::etcd::connect(&good)
+    let err = adspend_common::etcd::connect(&good, &adspend_common::etcd::Background::own())
         .await
         .err()
         .expect("a server certificate from another CA was trusted")
@@ -151,7 +151,7 @@ async fn clients_without_the_right_certificate_are_refused() {
 
     // Plain HTTP/2 to the TLS port: no answer to a plaintext client.
     let plain = EtcdArgs::plain(etcd.endpoints().replace("https://", "http://"));
-    let err = adspend_common::etcd::connect(&plain)
+    let err = adspend_common::etcd::connect(&plain, &adspend_common::etcd::Background::own())
         .await
         .err()
         .expect("a plaintext client was served by the TLS etcd");
@@ -236,7 +236,7 @@ async fn wrong_etcd_tls_settings_are_config_errors_naming_them() {
             "{args:?}: {err:?} does not name {setting}"
         );
         // The connect path checks the same before dialling.
-        let err = adspend_common::etcd::connect(&args)
+        let err = adspend_common::etcd::connect(&args, &adspend_common::etcd::Background::own())
             .await
             .err()
             .unwrap_or_else(|| panic!("{args:?} connected"))

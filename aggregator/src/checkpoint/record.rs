@@ -20,7 +20,7 @@ use etcd_client::{Compare, CompareOp, GetResponse, Txn, TxnOp, TxnOpResponse, Tx
 use serde::{Deserialize, Serialize};
 
 use adspend_common::error::{Error, Result};
-use adspend_common::etcd::txn_got_value;
+use adspend_common::etcd::{txn_got_value, Background};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointRecord {
@@ -108,7 +108,7 @@ impl CheckpointStore {
     /// [`CheckpointStore::open_with`] plain endpoints, without TLS.
     pub async fn open(etcd_endpoints: &[String], data_dir: &Path, shard: &str) -> Result<Self> {
         let etcd = adspend_common::config::EtcdArgs::plain(etcd_endpoints.join(","));
-        Self::open_with(&etcd, data_dir, shard).await
+        Self::open_with(&etcd, data_dir, shard, &Background::own()).await
     }
 
     /// etcd when `etcd` names endpoints (over TLS when its settings say so),
@@ -117,6 +117,7 @@ impl CheckpointStore {
         etcd: &adspend_common::config::EtcdArgs,
         data_dir: &Path,
         shard: &str,
+        background: &Background,
     ) -> Result<Self> {
         if etcd.endpoints().is_empty() {
             let dir = data_dir.join("checkpoint");
@@ -126,7 +127,7 @@ impl CheckpointStore {
                 shard: shard.to_string(),
             });
         }
-        let client = adspend_common::etcd::connect(etcd).await?;
+        let client = adspend_common::etcd::connect(etcd, background).await?;
         Ok(Self::etcd(client, shard))
     }
 

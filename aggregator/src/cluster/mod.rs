@@ -91,7 +91,12 @@ pub async fn run(
     shutdown: CancellationToken,
     tasks: TaskTracker,
 ) -> Result<(), Error> {
-    let mut etcd = adspend_common::etcd::connect(&config.etcd).await?;
+    // The prober of etcd's endpoints lives as long as this member: past
+    // shutdown, while the partitions are handed over under the lease.
+    let member_ends = CancellationToken::new();
+    let _member_ended = member_ends.clone().drop_guard();
+    let background = adspend_common::etcd::Background::on(&tasks, member_ends);
+    let mut etcd = adspend_common::etcd::connect(&config.etcd, &background).await?;
     // A passing etcd error at start-up (a member restarting, a name not
     // resolvable yet) is retried for a while; a lasting one stops here.
     let started = std::time::Instant::now();

@@ -55,7 +55,7 @@ impl Endpoints {
         let _ = self.round(shared, 1).await;
     }
 
-    /// Runs for the life of the process (it ends if the shared client's
+    /// Runs until its [`super::Background`] ends it (or the shared client's
     /// balance list can no longer be changed).
     pub(super) async fn keep_live(mut self, shared: Client) {
         let mut ticker = tokio::time::interval(PROBE_EVERY);

@@ -18,9 +18,15 @@ use adspend_sim::Catalog;
 use crate::state::{self, Skew};
 use crate::workload::Workload;
 
+/// Each thread's name and CPU ticks, by thread id.
+pub type Ticks = HashMap<u32, (String, u64)>;
+
+/// One process's ticks: its role, its pid, its threads'.
+pub type ProcessTicks = (String, u32, Ticks);
+
 /// CPU ticks (user + system) of each thread of process `pid`, by thread id,
 /// with the thread's name.
-pub fn thread_ticks(pid: u32) -> HashMap<u32, (String, u64)> {
+pub fn thread_ticks(pid: u32) -> Ticks {
     let mut threads = HashMap::new();
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return threads;
@@ -52,10 +58,7 @@ pub fn thread_ticks(pid: u32) -> HashMap<u32, (String, u64)> {
 /// The hottest thread between two samples of one process: its name and
 /// its share of the process's CPU time then (0..=1), and the process's CPU
 /// time in ticks.
-pub fn hottest(
-    before: &HashMap<u32, (String, u64)>,
-    after: &HashMap<u32, (String, u64)>,
-) -> (String, f64, u64) {
+pub fn hottest(before: &Ticks, after: &Ticks) -> (String, f64, u64) {
     let mut total = 0;
     let mut top = (String::new(), 0u64);
     for (tid, (name, ticks)) in after {
@@ -127,7 +130,8 @@ pub fn limiter_cpu(mapping: &Mapping, workload: &Workload, chunk: usize, threads
 /// Tuples per second the aggregator applies with `writers` writers, each
 /// a shard of its own (its own LMDB under `dir` and its own limits, as the
 /// partitions split them), each applying `groups` transactions of 200,000
-/// tuples after a warm-up.
+/// tuples, generated beforehand, after a warm-up. Only the writers are
+/// timed, from the first group to the last writer's last commit.
 pub fn aggregator_apply(
     dir: &Path,
     writers: usize,
@@ -139,16 +143,22 @@ pub fn aggregator_apply(
     for w in 0..writers {
         let (mut writer, _store, dirty) = state::writer(&dir.join(format!("w{w}")))?;
         let mut feed = state::Feed::new(limits / writers, Skew::Zipf(1.0), w as u64 + 1)?;
-        state::apply_rate(&mut writer, &dirty, &mut feed, 3)?;
-        prepared.push((writer, dirty, feed));
+        state::apply_rate(&mut writer, &dirty, &mut feed, 5)?;
+        let work: Vec<_> = (0..groups).map(|_| feed.group()).collect();
+        prepared.push((writer, dirty, work));
     }
     let started = Instant::now();
     let applied: anyhow::Result<Vec<u64>> = std::thread::scope(|scope| {
         let running: Vec<_> = prepared
             .iter_mut()
-            .map(|(writer, dirty, feed)| {
-                scope.spawn(move || {
-                    state::apply_rate(writer, dirty, feed, groups).map(|run| run.tuples)
+            .map(|(writer, dirty, work)| {
+                scope.spawn(move || -> anyhow::Result<u64> {
+                    let mut tuples = 0;
+                    for group in work.iter() {
+                        tuples += writer.apply_group(group)?.applied;
+                        drop(dirty.take());
+                    }
+                    Ok(tuples)
                 })
             })
             .collect();
@@ -261,7 +271,7 @@ pub struct ProcessCpu {
 }
 
 /// Sample every process of `set` now; [`cpu_since`] reads them again.
-pub fn sample(set: &ProcessSet) -> Vec<(String, u32, HashMap<u32, (String, u64)>)> {
+pub fn sample(set: &ProcessSet) -> Vec<ProcessTicks> {
     set.processes()
         .into_iter()
         .map(|(role, pid)| (role, pid, thread_ticks(pid)))
@@ -269,10 +279,7 @@ pub fn sample(set: &ProcessSet) -> Vec<(String, u32, HashMap<u32, (String, u64)>
 }
 
 /// Each process's CPU since `before`, `elapsed` apart.
-pub fn cpu_since(
-    before: &[(String, u32, HashMap<u32, (String, u64)>)],
-    elapsed: Duration,
-) -> Vec<ProcessCpu> {
+pub fn cpu_since(before: &[ProcessTicks], elapsed: Duration) -> Vec<ProcessCpu> {
     // The kernel's clock ticks per second (USER_HZ), 100 on Linux.
     const HZ: f64 = 100.0;
     before

@@ -122,7 +122,11 @@ impl Server<EtcdSpec> {
     /// If etcd is unreachable or refuses the write.
     pub async fn put(&self, key: &str, value: &[u8]) -> anyhow::Result<()> {
         if self.spec().tls.is_some() {
-            let mut client = adspend_common::etcd::connect(&self.client_args()).await?;
+            let mut client = adspend_common::etcd::connect(
+                &self.client_args(),
+                &adspend_common::etcd::Background::own(),
+            )
+            .await?;
             client.put(key, value, None).await?;
             return Ok(());
         }
@@ -141,7 +145,11 @@ impl Server<EtcdSpec> {
     ///
     /// If etcd is unreachable or refuses the compaction.
     pub async fn compact(&self) -> anyhow::Result<i64> {
-        let mut client = adspend_common::etcd::connect(&self.client_args()).await?;
+        let mut client = adspend_common::etcd::connect(
+            &self.client_args(),
+            &adspend_common::etcd::Background::own(),
+        )
+        .await?;
         let revision = client
             .get("/", None)
             .await?
@@ -164,7 +172,11 @@ impl Server<EtcdSpec> {
     /// If etcd is unreachable or the answer is malformed.
     pub async fn get(&self, key: &str) -> anyhow::Result<Option<Vec<u8>>> {
         if self.spec().tls.is_some() {
-            let mut client = adspend_common::etcd::connect(&self.client_args()).await?;
+            let mut client = adspend_common::etcd::connect(
+                &self.client_args(),
+                &adspend_common::etcd::Background::own(),
+            )
+            .await?;
             let response = client.get(key, None).await?;
             return Ok(response.kvs().first().map(|kv| kv.value().to_vec()));
         }
@@ -288,7 +300,12 @@ impl EtcdSpec {
     /// The port may belong to another etcd that took it first.
     async fn is_this_member(&self) -> bool {
         if self.tls.is_some() {
-            let Ok(mut client) = adspend_common::etcd::connect(&self.client_args()).await else {
+            let Ok(mut client) = adspend_common::etcd::connect(
+                &self.client_args(),
+                &adspend_common::etcd::Background::own(),
+            )
+            .await
+            else {
                 return false;
             };
             let Ok(list) = client.member_list().await else {

@@ -160,14 +160,22 @@ struct Args {
     /// speedups.
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     scale_threads: Vec<usize>,
-    /// Process sets of the scale section's pipeline runs, `LIMITERSxAGGREGATORS`.
+    /// Process sets of the scale section's pipeline runs,
+    /// `LIMITERSxAGGREGATORS` (`none`: no pipeline runs).
     #[arg(long, value_delimiter = ',', value_parser = scale::process_set, default_value = "1x1,2x2")]
-    scale_sets: Vec<(usize, usize)>,
+    scale_sets: Vec<Option<(usize, usize)>>,
+    /// Input messages per chunk of the limiter's CPU path in the scale section.
+    #[arg(long, default_value_t = 8)]
+    scale_chunk: usize,
     /// Seconds of each sustained run of the scale section.
     #[arg(long, default_value_t = 30)]
     scale_secs: u64,
+    /// Leave the scale section's stage benchmarks out (for pipeline runs
+    /// of another build's services).
+    #[arg(long)]
+    scale_skip_stages: bool,
     /// Events the limiter's CPU path maps in the scale section.
-    #[arg(long, default_value_t = 400_000)]
+    #[arg(long, default_value_t = 2_000_000)]
     scale_events: u64,
     /// Where to write the results table (markdown).
     #[arg(long, default_value = "target/bench/results.md")]

@@ -13,21 +13,26 @@ use adspend_bench::{e2e, host};
 
 use crate::{samples, scratch, Args};
 
-/// `LxA`: limiter and aggregator processes.
-pub(crate) fn process_set(text: &str) -> Result<(usize, usize), String> {
+/// `LxA`: limiter and aggregator processes; `none` for none.
+pub(crate) fn process_set(text: &str) -> Result<Option<(usize, usize)>, String> {
+    if text.trim() == "none" {
+        return Ok(None);
+    }
     let (l, a) = text
         .split_once('x')
         .ok_or_else(|| format!("{text:?}: LIMITERSxAGGREGATORS, e.g. 2x2"))?;
     let parse = |n: &str| n.trim().parse::<usize>().ok().filter(|&n| n >= 1);
     match (parse(l), parse(a)) {
-        (Some(l), Some(a)) => Ok((l, a)),
+        (Some(l), Some(a)) => Ok(Some((l, a))),
         _ => Err(format!("{text:?}: counts of 1 or more")),
     }
 }
 
 pub(crate) async fn scaling(args: &Args, table: &mut Table) -> anyhow::Result<()> {
-    stages(args, table)?;
-    for &(limiters, aggregators) in &args.scale_sets {
+    if !args.scale_skip_stages {
+        stages(args, table)?;
+    }
+    for &(limiters, aggregators) in args.scale_sets.iter().flatten() {
         pipeline(args, table, limiters, aggregators).await?;
     }
     Ok(())
@@ -54,7 +59,7 @@ fn stages(args: &Args, table: &mut Table) -> anyhow::Result<()> {
     for &threads in &args.scale_threads {
         let mut rates = Samples::default();
         for _ in 0..args.runs {
-            let rate = scale::limiter_cpu(&mapping, &workload, 8, threads);
+            let rate = scale::limiter_cpu(&mapping, &workload, args.scale_chunk, threads);
             println!(
                 "bench:   limiter CPU path, {threads} thread(s): {} impressions/s",
                 number(rate)
@@ -68,8 +73,8 @@ fn stages(args: &Args, table: &mut Table) -> anyhow::Result<()> {
             rates,
             None,
             format!(
-                "decode, validate, map, encode; chunks of 8 messages of {} events, no NATS",
-                args.batch
+                "decode, validate, map, encode; chunks of {} messages of {} events, no NATS",
+                args.scale_chunk, args.batch
             ),
         );
         speedup(
@@ -84,7 +89,7 @@ fn stages(args: &Args, table: &mut Table) -> anyhow::Result<()> {
         let mut rates = Samples::default();
         for _ in 0..args.runs {
             let dir = scratch(args, "scale-apply")?;
-            let rate = scale::aggregator_apply(dir.path(), threads, 100_000, 10)?;
+            let rate = scale::aggregator_apply(dir.path(), threads, 100_000, 20)?;
             println!(
                 "bench:   aggregator apply, {threads} writer(s): {} tuples/s",
                 number(rate)
