@@ -74,8 +74,9 @@ impl service::Failure for Error {
 
 /// What the publisher does next, in the order the loop read it.
 enum Step {
-    /// A chunk being mapped on its own thread.
-    Chunk(JoinHandle<Option<Mapped>>),
+    /// A chunk being mapped on its own thread, and its input's payload
+    /// bytes (in flight for the downstream window until it is done with).
+    Chunk(JoinHandle<Option<Mapped>>, u64),
     /// A checkpoint marker to every partition.
     Markers,
 }
@@ -86,12 +87,15 @@ async fn publish_in_order(mut limiter: Limiter, mut steps: mpsc::Receiver<Step>)
     while let Some(step) = steps.recv().await {
         match step {
             Step::Markers => limiter.publish_markers().await,
-            Step::Chunk(mapping) => match mapping.await {
-                Ok(Some(mapped)) => limiter.complete(mapped).await,
-                Ok(None) => {}
-                // Its input stays unacknowledged and is redelivered.
-                Err(e) => tracing::error!(error = %e, "mapping a chunk failed"),
-            },
+            Step::Chunk(mapping, bytes) => {
+                match mapping.await {
+                    Ok(Some(mapped)) => limiter.complete(mapped).await,
+                    Ok(None) => {}
+                    // Its input stays unacknowledged and is redelivered.
+                    Err(e) => tracing::error!(error = %e, "mapping a chunk failed"),
+                }
+                limiter.downstream.completed(bytes);
+            }
         }
     }
 }
@@ -156,7 +160,7 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
     let limiter = Limiter {
         publisher: Publisher::new(js, shutdown.clone()),
         mapping: mapping.clone(),
-        downstream,
+        downstream: downstream.clone(),
     };
     // Chunks are mapped on up to `workers` threads at once and published
     // in the order they were read: the channel holds what waits its turn.
@@ -181,8 +185,15 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
             }
             chunk = input.next() => match chunk {
                 Some(chunk) => {
+                    let bytes: u64 = chunk
+                        .iter()
+                        .flatten()
+                        .map(|m| m.payload.len() as u64)
+                        .sum();
+                    downstream.dispatched(bytes);
                     let mapping = mapping.clone();
-                    Step::Chunk(tokio::task::spawn_blocking(move || mapping.map_chunk(chunk)))
+                    let mapped = tokio::task::spawn_blocking(move || mapping.map_chunk(chunk));
+                    Step::Chunk(mapped, bytes)
                 }
                 None => {
                     tracing::warn!("impressions consumer ended");

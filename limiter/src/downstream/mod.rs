@@ -38,6 +38,8 @@ mod backlog;
 
 use std::sync::{Arc, Mutex};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use adspend_common::nats::{Progress, PROGRESS_SUBJECT_PREFIX};
 use adspend_common::now_ms;
 use adspend_common::telemetry::{
@@ -57,6 +59,10 @@ pub use backlog::{Backlog, Window, MIN_WINDOW};
 pub struct Downstream {
     backlog: Arc<Mutex<Backlog>>,
     changed: Arc<Notify>,
+    /// Payload bytes of the chunks handed out and not yet published (being
+    /// mapped, or waiting their turn): the scheduler's window counts them
+    /// as spent, so several chunks in flight do not overshoot it.
+    in_flight_bytes: Arc<AtomicU64>,
     /// The window's bound: tuples this limiter may have published and not
     /// yet applied before backlogs wait; 0 turns it off.
     bound: u64,
@@ -67,6 +73,7 @@ impl Downstream {
         Downstream {
             backlog: Arc::new(Mutex::new(Backlog::new(partitions, window))),
             changed: Arc::new(Notify::new()),
+            in_flight_bytes: Arc::default(),
             bound: window.bound,
         }
     }
@@ -112,6 +119,25 @@ impl Downstream {
             }
         });
         Ok(())
+    }
+
+    /// A chunk of `bytes` of input was handed out to be mapped.
+    pub fn dispatched(&self, bytes: u64) {
+        self.in_flight_bytes.fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    /// A chunk handed out is done with (published, given up, or failed).
+    pub fn completed(&self, bytes: u64) {
+        let _ = self
+            .in_flight_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_sub(bytes))
+            });
+    }
+
+    /// Payload bytes handed out and not yet published.
+    pub fn in_flight_bytes(&self) -> u64 {
+        self.in_flight_bytes.load(Ordering::Acquire)
     }
 
     pub fn published(&self, partition: u32, seq: u64, tuples: u64) {

@@ -14,12 +14,15 @@ impl Scheduler {
         let now = Instant::now();
         let views = self.refresh(now);
         // The window in payload bytes, at the bytes per tuple seen so far
-        // (none before anything was published), and no more than a short
-        // round's worth.
+        // (none before anything was published), less what is handed out
+        // and not yet published, and no more than a short round's worth.
+        let in_flight = self.downstream.in_flight_bytes();
         let window = self.downstream.window().and_then(|(tuples, total)| {
             (total > 0).then(|| {
                 let per_tuple = self.bytes_taken as f64 / total as f64;
-                ((tuples as f64 * per_tuple) as u64).min(BACKLOG_ROUND_BYTES)
+                ((tuples as f64 * per_tuple) as u64)
+                    .saturating_sub(in_flight)
+                    .min(BACKLOG_ROUND_BYTES)
             })
         });
         let plan = drr::plan(
