@@ -75,7 +75,7 @@ pub(crate) fn check_layout(
         ),
     };
     let refuse = match expected {
-        None => !single || !shards.is_empty(),
+        None => !shards.is_empty(),
         Some(names) => single || shards.iter().any(|s| !names.contains(s)),
     };
     if !refuse {
