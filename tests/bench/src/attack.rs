@@ -14,7 +14,16 @@
 //! - `oversized`: eight clients POST the 2 MB batch of empty ids
 //!   (refused 413), back to back;
 //! - `deepest`: eight clients POST batches of the most ids allowed, all of
-//!   the costliest ad, back to back.
+//!   the costliest ad, back to back;
+//! - `pushes`: sums pushes several times faster than a pipeline sends
+//!   them ([`AttackBench::push_shards`] shards, each pushing
+//!   [`AttackBench::push_entries`] limits every [`PUSH_EVERY`], as an
+//!   aggregator per partition would), to see the ingest keep up and the
+//!   answers stay fast.
+//!
+//! Besides the GETs, the measuring client POSTs a decisions batch of
+//! [`DECISION_IDS`] ordinary ads every [`GET_EVERY`], so each attack also
+//! shows what it does to a bidder's decisions.
 //!
 //! The measuring client opens a new connection for each GET (the
 //! slowloris attack starves accepts, not open connections), one every
@@ -40,6 +49,8 @@ use adspend_harness::pipeline::{Backends, Pipeline};
 use adspend_harness::{free_port, NatsOptions};
 use adspend_sim::stats::quantile;
 use adspend_sim::{self as sim, Catalog, CatalogSpec, Limit, Period};
+use adspend_wire::codec::encode_sums;
+use adspend_wire::types::{SumEntry, SumsUpdate};
 
 /// The pacer's defaults, restated for the attackers' sizes.
 const MAX_DECISION_IDS: usize = 1_000;
@@ -52,6 +63,10 @@ const OVERSIZED_IDS: usize = 650_000;
 pub const GET_EVERY: Duration = Duration::from_millis(10);
 /// Where the measuring client connects from.
 const MEASURER: &str = "127.0.0.2";
+/// Ads in each of the measuring client's decisions batches.
+pub const DECISION_IDS: usize = 100;
+/// Each pushing shard pushes this often (the aggregator's default).
+pub const PUSH_EVERY: Duration = Duration::from_millis(20);
 
 /// Settings of the section.
 #[derive(Debug, Clone)]
@@ -62,6 +77,9 @@ pub struct AttackBench {
     pub secs: u64,
     /// Slow connections the slowloris attacker keeps trying to hold.
     pub slow_connections: usize,
+    /// `pushes`: shards pushing at once, and limits in each push.
+    pub push_shards: usize,
+    pub push_entries: usize,
     pub attacks: Vec<Attack>,
 }
 
@@ -71,12 +89,15 @@ impl Default for AttackBench {
             ads: 20_000,
             secs: 10,
             slow_connections: 2_000,
+            push_shards: 64,
+            push_entries: 500,
             attacks: vec![
                 Attack::None,
                 Attack::Slowloris,
                 Attack::Decisions,
                 Attack::Oversized,
                 Attack::Deepest,
+                Attack::Pushes,
             ],
         }
     }
@@ -89,6 +110,7 @@ pub enum Attack {
     Decisions,
     Oversized,
     Deepest,
+    Pushes,
 }
 
 impl Attack {
@@ -99,6 +121,7 @@ impl Attack {
             Attack::Decisions => "decisions",
             Attack::Oversized => "oversized",
             Attack::Deepest => "deepest",
+            Attack::Pushes => "pushes",
         }
     }
 }
@@ -112,6 +135,9 @@ pub struct AttackResult {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
+    /// The measuring client's decisions batches.
+    pub decide_p50_ms: f64,
+    pub decide_p99_ms: f64,
     /// What the attacker got done meanwhile.
     pub attacker: String,
 }
@@ -149,7 +175,8 @@ pub async fn run(bench: &AttackBench) -> anyhow::Result<(Duration, Vec<AttackRes
     let catalog = catalog(bench.ads)?;
     let mut p = Pipeline::start_with(Backends::default(), NatsOptions::default(), catalog).await;
     let started = Instant::now();
-    p.pacer = Some(p.spawn_with("pacer", free_port(), SERVICE_ENV));
+    let metrics_port = free_port();
+    p.pacer = Some(p.spawn_with("pacer", metrics_port, SERVICE_ENV));
     p.wait_pacer().await;
     let start_time = started.elapsed();
     println!(
@@ -174,22 +201,42 @@ pub async fn run(bench: &AttackBench) -> anyhow::Result<(Duration, Vec<AttackRes
         .take(MAX_DECISION_IDS)
         .cloned()
         .collect();
+    let limits: Arc<Vec<String>> = Arc::new(p.catalog.limits.keys().cloned().collect());
+    let client = p.client().await;
     let mut results = Vec::new();
     for &attack in &bench.attacks {
         let stop = CancellationToken::new();
-        let attacker = start_attack(attack, bench, &target, &ads, stop.clone())?;
+        let applied_before = pushes_applied(metrics_port).await;
+        let pushing = Pushing {
+            client: client.clone(),
+            limits: limits.clone(),
+        };
+        let attacker = start_attack(attack, bench, &target, &ads, &pushing, stop.clone())?;
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let latencies = measure_gets(&target, &limit, Duration::from_secs(bench.secs)).await?;
+        let measured = measure(
+            &target,
+            &limit,
+            &ads[..DECISION_IDS.min(ads.len())],
+            Duration::from_secs(bench.secs),
+        )
+        .await?;
         stop.cancel();
-        let attacker = attacker.finish().await;
-        let times: Vec<f64> = latencies.iter().map(|(ms, _)| *ms).collect();
+        let (mut attacker, published) = attacker.finish().await;
+        if attack == Attack::Pushes {
+            attacker.push_str(&kept_up(metrics_port, applied_before, published).await);
+        }
+        let times: Vec<f64> = measured.gets.iter().map(|(ms, _)| *ms).collect();
+        let decide: Vec<f64> = measured.decisions.iter().map(|(ms, _)| *ms).collect();
         let result = AttackResult {
             attack,
-            gets: latencies.len(),
-            failed: latencies.iter().filter(|(_, ok)| !ok).count(),
+            gets: measured.gets.len(),
+            failed: measured.gets.iter().filter(|(_, ok)| !ok).count()
+                + measured.decisions.iter().filter(|(_, ok)| !ok).count(),
             p50_ms: quantile(&times, 0.5),
             p99_ms: quantile(&times, 0.99),
             max_ms: quantile(&times, 1.0),
+            decide_p50_ms: quantile(&decide, 0.5),
+            decide_p99_ms: quantile(&decide, 0.99),
             attacker,
         };
         println!("{}", summary(&result));
@@ -200,57 +247,118 @@ pub async fn run(bench: &AttackBench) -> anyhow::Result<(Duration, Vec<AttackRes
     Ok((start_time, results))
 }
 
+/// Sums pushes the pacer has taken in (its own counter).
+async fn pushes_applied(metrics_port: u16) -> f64 {
+    adspend_harness::pipeline::try_metric(metrics_port, "adspend_pacer_updates_total")
+        .await
+        .unwrap_or(0.0)
+}
+
+/// Whether the pacer took in every push published since `before`: waits up
+/// to 5 s after the last for the count to reach what was published.
+async fn kept_up(metrics_port: u16, before: f64, published: u64) -> String {
+    let published = published as f64;
+    let started = Instant::now();
+    let mut applied = pushes_applied(metrics_port).await - before;
+    while applied < published && started.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        applied = pushes_applied(metrics_port).await - before;
+    }
+    format!(
+        "; the pacer took in {applied:.0} of {published:.0} ({:.2} s after the last)",
+        started.elapsed().as_secs_f64()
+    )
+}
+
 pub fn summary(r: &AttackResult) -> String {
     format!(
-        "bench: attack {}: GET p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} GETs, {} failed); attacker: {}",
+        "bench: attack {}: GET p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} GETs, {} requests failed); decisions of {DECISION_IDS} p50 {:.2} ms, p99 {:.2} ms; attacker: {}",
         r.attack.name(),
         r.p50_ms,
         r.p99_ms,
         r.max_ms,
         r.gets,
         r.failed,
+        r.decide_p50_ms,
+        r.decide_p99_ms,
         r.attacker
     )
 }
 
-/// GETs of `limit`, a new connection each, from [`MEASURER`], for
-/// `duration`, on a runtime of their own: (milliseconds, answered 200) each.
-async fn measure_gets(
+/// What the measuring client saw: (milliseconds, answered 200) each.
+struct Measured {
+    gets: Vec<(f64, bool)>,
+    decisions: Vec<(f64, bool)>,
+}
+
+/// GETs of `limit`, a new connection each, and decisions of `ads` on a
+/// kept connection, from [`MEASURER`], for `duration`, on a runtime of
+/// their own.
+async fn measure(
     target: &str,
     limit: &str,
+    ads: &[String],
     duration: Duration,
-) -> anyhow::Result<Vec<(f64, bool)>> {
+) -> anyhow::Result<Measured> {
     let (target, limit) = (target.to_string(), limit.to_string());
+    let body = Bytes::from(serde_json::to_vec(&serde_json::json!({ "ad_ids": ads }))?);
     tokio::task::spawn_blocking(move || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?
-            .block_on(gets(&target, &limit, duration))
+            .block_on(requests(&target, &limit, body, duration))
     })
     .await
     .context("the measuring thread")?
 }
 
-async fn gets(target: &str, limit: &str, duration: Duration) -> anyhow::Result<Vec<(f64, bool)>> {
-    let http = reqwest::Client::builder()
+async fn requests(
+    target: &str,
+    limit: &str,
+    body: Bytes,
+    duration: Duration,
+) -> anyhow::Result<Measured> {
+    let fresh = reqwest::Client::builder()
         .no_proxy()
         .local_address(MEASURER.parse::<IpAddr>()?)
         .pool_max_idle_per_host(0)
         .timeout(Duration::from_secs(30))
         .build()?;
+    let kept = reqwest::Client::builder()
+        .no_proxy()
+        .local_address(MEASURER.parse::<IpAddr>()?)
+        .timeout(Duration::from_secs(30))
+        .build()?;
     let url = format!("{target}/v1/limits/{limit}");
-    let mut out = Vec::new();
+    let decide = format!("{target}/v1/decisions");
+    let mut out = Measured {
+        gets: Vec::new(),
+        decisions: Vec::new(),
+    };
     let mut every = tokio::time::interval(GET_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let end = Instant::now() + duration;
     while Instant::now() < end {
         every.tick().await;
         let sent = Instant::now();
-        let ok = match http.get(&url).send().await {
+        let ok = match fresh.get(&url).send().await {
             Ok(response) => response.status() == 200 && response.bytes().await.is_ok(),
             Err(_) => false,
         };
-        out.push((sent.elapsed().as_secs_f64() * 1000.0, ok));
+        out.gets.push((sent.elapsed().as_secs_f64() * 1000.0, ok));
+        let sent = Instant::now();
+        let posted = kept
+            .post(&decide)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await;
+        let ok = match posted {
+            Ok(response) => response.status() == 200 && response.bytes().await.is_ok(),
+            Err(_) => false,
+        };
+        out.decisions
+            .push((sent.elapsed().as_secs_f64() * 1000.0, ok));
     }
     Ok(out)
 }
@@ -275,7 +383,9 @@ struct Counts {
 }
 
 impl Running {
-    async fn finish(mut self) -> String {
+    /// What the attacker got done, and how many requests (pushes) it sent
+    /// that were answered.
+    async fn finish(mut self) -> (String, u64) {
         let secs = self.started.elapsed().as_secs_f64();
         while self.tasks.join_next().await.is_some() {}
         let c = &self.counts;
@@ -284,7 +394,7 @@ impl Running {
             c.refused.load(Relaxed),
             c.other.load(Relaxed),
         );
-        match self.attack {
+        let done = match self.attack {
             Attack::None => "none".to_string(),
             Attack::Slowloris => format!(
                 "{} connections opened, {} closed by the pacer, {:.0}/s",
@@ -292,11 +402,17 @@ impl Running {
                 c.closed.load(Relaxed),
                 c.opened.load(Relaxed) as f64 / secs
             ),
+            Attack::Pushes => format!(
+                "{ok} pushes of {} entries published ({:.0}/s), {other} failed",
+                c.opened.load(Relaxed),
+                ok as f64 / secs
+            ),
             _ => format!(
                 "{ok} answered 200, {refused} refused 413, {other} other ({:.1} requests/s)",
                 (ok + refused + other) as f64 / secs
             ),
-        }
+        };
+        (done, ok)
     }
 }
 
@@ -305,6 +421,7 @@ fn start_attack(
     bench: &AttackBench,
     target: &str,
     ads: &[String],
+    pushing: &Pushing,
     stop: CancellationToken,
 ) -> anyhow::Result<Running> {
     let counts = Arc::new(Counts::default());
@@ -312,6 +429,28 @@ fn start_attack(
     let address = target.trim_start_matches("http://").to_string();
     match attack {
         Attack::None => {}
+        Attack::Pushes => {
+            counts.opened.store(bench.push_entries as u64, Relaxed);
+            let shards = bench.push_shards.max(1);
+            for shard in 0..shards {
+                // Each shard its own limits, as partitions split them.
+                let own: Vec<String> = pushing
+                    .limits
+                    .iter()
+                    .skip(shard)
+                    .step_by(shards)
+                    .cloned()
+                    .collect();
+                tasks.spawn(pusher(
+                    pushing.client.clone(),
+                    format!("bench-{shard}"),
+                    own,
+                    bench.push_entries,
+                    counts.clone(),
+                    stop.clone(),
+                ));
+            }
+        }
         Attack::Slowloris => {
             for _ in 0..bench.slow_connections {
                 tasks.spawn(slow_client(address.clone(), counts.clone(), stop.clone()));
@@ -347,6 +486,72 @@ fn start_attack(
         attack,
         started: Instant::now(),
     })
+}
+
+/// What the `pushes` attack pushes with.
+struct Pushing {
+    client: async_nats::Client,
+    limits: Arc<Vec<String>>,
+}
+
+/// One shard's pushes, one every [`PUSH_EVERY`] until `stop`: `entries` of
+/// its `limits` each (taken in turn), every one with more spend than the
+/// last push gave it, consecutive `push_seq`s, as an aggregator pushes.
+async fn pusher(
+    client: async_nats::Client,
+    shard: String,
+    limits: Vec<String>,
+    entries: usize,
+    counts: Arc<Counts>,
+    stop: CancellationToken,
+) {
+    if limits.is_empty() {
+        return;
+    }
+    let subject = adspend_common::nats::sums_subject(&shard);
+    let day = (adspend_common::now_ms() / 86_400_000) as u32;
+    let mut next = 0usize;
+    let mut every = tokio::time::interval(PUSH_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    for push_seq in 1u64.. {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        let now = adspend_common::now_ms();
+        let take = entries.min(limits.len());
+        let batch = (0..take)
+            .map(|i| {
+                let limit = limits[(next + i) % limits.len()].clone();
+                SumEntry {
+                    limit,
+                    bucket: day,
+                    bucket_micros: push_seq * 1_000,
+                    lifetime_micros: push_seq * 1_000,
+                    lifetime_events: push_seq,
+                }
+            })
+            .collect();
+        next = (next + take) % limits.len();
+        let update = SumsUpdate {
+            shard: shard.clone(),
+            epoch: 1,
+            seq: push_seq,
+            push_seq,
+            full: false,
+            watermark_ms: now,
+            source_ms: now - 5,
+            entries: batch,
+        };
+        let counter = match client
+            .publish(subject.clone(), encode_sums(&update).into())
+            .await
+        {
+            Ok(()) => &counts.ok,
+            Err(_) => &counts.other,
+        };
+        counter.fetch_add(1, Relaxed);
+    }
 }
 
 /// POSTs `body` back to back until `stop`.
@@ -425,18 +630,20 @@ async fn slow_client(address: String, counts: Arc<Counts>, stop: CancellationTok
 /// The section's table: one row per attack.
 pub fn markdown(start: Duration, results: &[AttackResult]) -> String {
     let mut out = format!(
-        "pacer healthy {:.2} s after start\n\n| attack | GETs | failed | GET p50 ms | GET p99 ms | GET max ms | attacker |\n| --- | ---: | ---: | ---: | ---: | ---: | --- |\n",
+        "pacer healthy {:.2} s after start\n\n| attack | GETs | failed | GET p50 ms | GET p99 ms | GET max ms | decisions of {DECISION_IDS}: p50 ms | p99 ms | attacker |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
         start.as_secs_f64()
     );
     for r in results {
         out.push_str(&format!(
-            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {} |\n",
+            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} |\n",
             r.attack.name(),
             r.gets,
             r.failed,
             r.p50_ms,
             r.p99_ms,
             r.max_ms,
+            r.decide_p50_ms,
+            r.decide_p99_ms,
             r.attacker
         ));
     }

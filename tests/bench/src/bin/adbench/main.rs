@@ -174,6 +174,16 @@ struct Args {
     /// of another build's services).
     #[arg(long)]
     scale_skip_stages: bool,
+    /// Attacks of the attack section, comma-separated (default: all):
+    /// none, slowloris, decisions, oversized, deepest, pushes.
+    #[arg(long, value_delimiter = ',')]
+    attacks: Vec<String>,
+    /// Shards pushing sums at once in the `pushes` attack, each every 20 ms.
+    #[arg(long, default_value_t = 64)]
+    attack_push_shards: usize,
+    /// Limits in each push of the `pushes` attack.
+    #[arg(long, default_value_t = 500)]
+    attack_push_entries: usize,
     /// Events the limiter's CPU path maps in the scale section.
     #[arg(long, default_value_t = 2_000_000)]
     scale_events: u64,
@@ -237,7 +247,7 @@ async fn run(args: &Args) -> anyhow::Result<Table> {
             Section::Recovery => recovery::recover(args, &mut table).await?,
             Section::Fair => fair::fair_sharing(args, &mut table).await?,
             Section::Pacing => pacing::closed_loop(args, &mut table).await?,
-            Section::Attack => attack(&mut table).await?,
+            Section::Attack => attack(&args, &mut table).await?,
             Section::Scale => scale::scaling(args, &mut table).await?,
         }
     }
@@ -245,10 +255,25 @@ async fn run(args: &Args) -> anyhow::Result<Table> {
 }
 
 /// `adspend_bench::attack` with its defaults; a row per attack.
-async fn attack(table: &mut Table) -> anyhow::Result<()> {
+async fn attack(args: &Args, table: &mut Table) -> anyhow::Result<()> {
     use adspend_bench::attack::{self, AttackBench};
     use adspend_bench::report::Target;
-    let (start, results) = attack::run(&AttackBench::default()).await?;
+    let mut bench = AttackBench {
+        push_shards: args.attack_push_shards,
+        push_entries: args.attack_push_entries,
+        ..AttackBench::default()
+    };
+    if !args.attacks.is_empty() {
+        bench
+            .attacks
+            .retain(|a| args.attacks.iter().any(|n| n == a.name()));
+        anyhow::ensure!(
+            bench.attacks.len() == args.attacks.len(),
+            "--attacks: unknown attack among {:?} (none, slowloris, decisions, oversized, deepest, pushes)",
+            args.attacks
+        );
+    }
+    let (start, results) = attack::run(&bench).await?;
     println!("\n{}", attack::markdown(start, &results));
     for r in &results {
         table.add(
@@ -260,7 +285,10 @@ async fn attack(table: &mut Table) -> anyhow::Result<()> {
                 bound: 50.0,
                 higher: false,
             }),
-            format!("p50 {:.2} ms; {}", r.p50_ms, r.attacker),
+            format!(
+                "p50 {:.2} ms; decisions p50 {:.2} ms, p99 {:.2} ms; {}",
+                r.p50_ms, r.decide_p50_ms, r.decide_p99_ms, r.attacker
+            ),
         );
     }
     Ok(())
