@@ -82,6 +82,8 @@ pub struct Writer {
     /// Where tuples set aside for overflow go, after their commit (to be
     /// dead lettered).
     overflowed: Option<mpsc::UnboundedSender<Overflowed>>,
+    /// Stream time of the next pass over lease sums ([`prune`]).
+    next_lease_prune_ms: u64,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -92,6 +94,8 @@ pub struct GroupStats {
     pub evicted: u64,
     /// Tuples set aside because they would overflow their limit's sum.
     pub overflowed: u64,
+    /// Sums of spend leases deleted past their retention.
+    pub leases_pruned: u64,
 }
 
 impl Writer {
@@ -122,6 +126,7 @@ impl Writer {
             lease: None,
             changes: Arc::new(Mutex::new(Changes::at(last_applied_seq))),
             overflowed: None,
+            next_lease_prune_ms: 0,
         })
     }
 
@@ -249,6 +254,7 @@ impl Writer {
         let log_added = self.log_new_ids(&mut wtxn, &pass)?;
         let changed = self.write_sums(&mut wtxn, &mut pass)?;
         let evicted = if pass.clock_ms > 0 {
+            pass.stats.leases_pruned = self.prune_leases(&mut wtxn, pass.clock_ms)?;
             self.evict(&mut wtxn, pass.clock_ms, &mut pass.stats)?
         } else {
             Vec::new()
@@ -298,6 +304,7 @@ fn skip_replayed<'g>(
 mod accumulate;
 mod commit;
 mod evict;
+mod prune;
 mod sums;
 
 #[cfg(test)]

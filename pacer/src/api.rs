@@ -29,9 +29,14 @@ pub use crate::app::AppState;
 pub(crate) type Route<S> = (&'static str, &'static str, MethodRouter<S>);
 
 /// Behind the read scope.
-pub(crate) fn read_routes() -> [Route<AppState>; 6] {
+pub(crate) fn read_routes() -> [Route<AppState>; 7] {
     [
         ("get", "/v1/alerts", get(list_alerts)),
+        (
+            "get",
+            "/v1/leases/{lease_id}",
+            get(crate::leases::read_lease),
+        ),
         ("get", "/v1/limits", get(list_limits)),
         ("get", "/v1/limits/{limit_id}", get(get_limit)),
         ("get", "/v1/limits/{limit_id}/history", get(get_history)),
@@ -41,8 +46,11 @@ pub(crate) fn read_routes() -> [Route<AppState>; 6] {
 }
 
 /// Behind the decide scope.
-pub(crate) fn decide_routes() -> [Route<AppState>; 1] {
-    [("post", "/v1/decisions", post(crate::decisions::decisions))]
+pub(crate) fn decide_routes() -> [Route<AppState>; 2] {
+    [
+        ("post", "/v1/decisions", post(crate::decisions::decisions)),
+        ("post", "/v1/leases", post(crate::leases::grant_leases)),
+    ]
 }
 
 /// Never behind a token on the API port.
@@ -100,13 +108,26 @@ fn finish<S: Clone + Send + Sync + 'static>(router: Router<S>) -> Router<S> {
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
 }
 
+/// The limit's spend in flight under leases, and its overspend bound
+/// raised by one event beyond each of its live grants.
+fn with_leased(mut view: LimitView, app: &AppState) -> LimitView {
+    if let Some(leases) = &app.leases {
+        let (held, live) = leases.held_and_live(&view.limit_id);
+        view.leased_micros = held;
+        view.overspend_bound_micros = view
+            .overspend_bound_micros
+            .saturating_add(live.saturating_mul(view.max_cost_micros));
+    }
+    view
+}
+
 async fn get_limit(State(app): State<AppState>, ApiPath(limit_id): ApiPath<String>) -> Response {
     let catalog = app.catalog.borrow().clone();
     let Some(limit) = catalog.limit(&limit_id) else {
         return error(StatusCode::NOT_FOUND, format!("unknown limit {limit_id:?}"));
     };
     let spend = app.spend.read().await;
-    Json(view(limit, &spend, Utc::now())).into_response()
+    Json(with_leased(view(limit, &spend, Utc::now()), &app)).into_response()
 }
 
 #[derive(Serialize)]
@@ -162,7 +183,7 @@ async fn list_limits(State(app): State<AppState>, ApiQuery(page): ApiQuery<Page>
     let now = Utc::now();
     let limits: Vec<LimitView> = on_page
         .iter()
-        .map(|limit| view(limit, &spend, now))
+        .map(|limit| with_leased(view(limit, &spend, now), &app))
         .collect();
     let next = if rest.len() > size {
         on_page.last().map(|l| l.id.to_string())

@@ -19,4 +19,6 @@ pub struct AppState {
     pub alerts: crate::alerts::Recent,
     /// Most ad ids in one decisions request (ADSPEND_PACER_MAX_DECISION_IDS).
     pub max_decision_ids: usize,
+    /// The spend leases; `None` only in tests that need no NATS.
+    pub leases: Option<crate::leases::Leases>,
 }

@@ -122,6 +122,13 @@ pub struct Config {
     #[arg(long, env = env::PACER_ALGORITHM, value_enum,
           default_value_t = crate::controller::Algorithm::Adspend)]
     pub algorithm: crate::controller::Algorithm,
+    /// How long after a spend lease expires its unreported spend may still
+    /// arrive: the lease holds its limits until the pipeline has caught up
+    /// this far past its expiry (CONTRACT.md "Spend leases"). Spend
+    /// reported later than that can take a limit over its budget.
+    #[arg(long, env = env::PACER_LEASE_GRACE_MS, default_value_t = 60_000,
+          value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
+    pub lease_grace_ms: u64,
 }
 
 /// A setting whose value must never be printed: `Debug` shows its length.

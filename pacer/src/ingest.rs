@@ -59,6 +59,7 @@ pub async fn run(
     mut pushes: async_nats::Subscriber,
     state: Arc<RwLock<SpendState>>,
     catalog: watch::Receiver<Arc<Catalog>>,
+    leases: Option<crate::leases::Leases>,
     cancel: CancellationToken,
 ) {
     let mut arrivals: Vec<(String, u64)> = Vec::new();
@@ -76,7 +77,7 @@ pub async fn run(
             }
             message = pushes.next() => {
                 let Some(message) = message else { return };
-                let update = match decode_push(&message.payload) {
+                let mut update = match decode_push(&message.payload) {
                     Ok(u) => u,
                     Err(e) => {
                         tracing::warn!(error = %e, subject = %message.subject, "undecodable sums push dropped");
@@ -84,6 +85,9 @@ pub async fn run(
                     }
                 };
                 last_push = Instant::now();
+                if let Some(leases) = &leases {
+                    leases.take_reports(&mut update.entries);
+                }
                 let now = adspend_common::now_ms();
                 let applied = {
                     let mut state = state.write().await;

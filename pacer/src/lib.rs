@@ -21,6 +21,7 @@ pub mod controller;
 mod decisions;
 pub mod error;
 pub mod ingest;
+pub mod leases;
 mod openapi;
 pub mod pacing;
 pub mod reply;
@@ -118,11 +119,22 @@ pub async fn run(
         algorithm: config.algorithm,
         ..state::SpendState::default()
     }));
+    let leases = leases::start(
+        client.clone(),
+        config.streams.replicas(),
+        config.lease_grace_ms as i64,
+        spend.clone(),
+        catalog.clone(),
+        &tasks,
+        shutdown.clone(),
+    )
+    .await;
     tasks.spawn(ingest::run(
         client.clone(),
         pushes,
         spend.clone(),
         catalog.clone(),
+        Some(leases.clone()),
         shutdown.clone(),
     ));
     let alerts = alerts::Recent::default();
@@ -140,6 +152,7 @@ pub async fn run(
         spend.clone(),
         reports.clone(),
         catalog.clone(),
+        leases.clone(),
         shutdown.clone(),
     ));
     let scope = |scope| {
@@ -178,6 +191,7 @@ pub async fn run(
             sources: reports,
             alerts,
             max_decision_ids: settings.max_decision_ids,
+            leases: Some(leases),
         },
         settings.auth.clone(),
     );
@@ -200,6 +214,7 @@ async fn ticker(
     spend: Arc<RwLock<state::SpendState>>,
     reports: Arc<std::sync::Mutex<sources::SourceReports>>,
     catalog: tokio::sync::watch::Receiver<Arc<adspend_common::catalog::Catalog>>,
+    leases: leases::Leases,
     shutdown: CancellationToken,
 ) {
     let gains = controller::Gains::default();
@@ -233,7 +248,13 @@ async fn ticker(
         let now = chrono::Utc::now();
         let stale_shards = state.mark_stale_shards(now.timestamp_millis());
         let stale_limits = pacing::stale_limits(&state, &catalog, now);
+        // Leases retire once every shard has caught up past their expiry
+        // plus the grace.
+        let caught_up_ms = state.shards.values().map(|s| s.watermark_ms).min();
         drop(state);
+        if let Some(caught_up_ms) = caught_up_ms {
+            leases.retire(caught_up_ms);
+        }
         metrics::gauge!(PACER_STALE_SHARDS).set(stale_shards as f64);
         metrics::gauge!(PACER_STALE_LIMITS).set(stale_limits as f64);
         metrics::gauge!(PACER_INPUT_LAG_SECONDS).set(input_lag_ms as f64 / 1000.0);

@@ -231,6 +231,12 @@ impl Catalog {
         let mut limits = HashMap::with_capacity(raw.limits.len());
         for (id, spec) in &raw.limits {
             check_id("limit", id)?;
+            if id.starts_with(crate::lease::LEASE_KEY_PREFIX) {
+                return Err(format!(
+                    "limit {id:?}: ids beginning {:?} are kept for spend leases",
+                    crate::lease::LEASE_KEY_PREFIX
+                ));
+            }
             let time_zone = match &spec.time_zone {
                 None => Tz::UTC,
                 Some(name) => name

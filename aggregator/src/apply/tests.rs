@@ -115,6 +115,7 @@ fn sums_dedupes_by_id_and_skips_replays_by_seq() {
             replayed_by_seq: 1,
             evicted: 0,
             overflowed: 0,
+            leases_pruned: 0,
         }
     );
     let (lifetime, buckets) = sums(&w.store);
@@ -314,4 +315,55 @@ fn a_tuple_that_would_overflow_is_set_aside_the_same_way_in_any_grouping() {
     assert_eq!(lifetime["b"], 13);
     assert_eq!(buckets[&("a".to_string(), 3)], half + 1);
     assert!(outcomes.iter().all(|o| o == &outcomes[0]), "{outcomes:?}");
+}
+
+#[test]
+fn lease_sums_go_an_hour_past_their_lease_and_limits_stay() {
+    use adspend_wire::lease::{LeaseId, LEASE_RETENTION_MS};
+    let dir = tempfile::tempdir().unwrap();
+    let (mut w, _rx) = writer(dir.path(), WIDE);
+    let key = |expires_at_ms: i64| -> &'static str {
+        let id = LeaseId {
+            expires_at_ms,
+            seq: 1,
+            index: 0,
+        };
+        Box::leak(id.key().into_boxed_str())
+    };
+    let (early, late) = (key(10_000), key(500_000));
+    let t0 = 20_000i64;
+    w.apply_group(&[batch(
+        1,
+        t0,
+        vec![
+            tuple(early, LIFETIME_BUCKET, 5, "i1"),
+            tuple(late, LIFETIME_BUCKET, 7, "i2"),
+            tuple("a", LIFETIME_BUCKET, 12, "i1"),
+        ],
+    )])
+    .unwrap();
+    assert_eq!(sums(&w.store).0.len(), 3);
+    // An hour past the first lease's expiry, in stream time: it goes, the
+    // other lease and the limit stay.
+    let later = 10_000 + LEASE_RETENTION_MS as i64 + 1;
+    let stats = w
+        .apply_group(&[batch(2, later, vec![tuple("a", LIFETIME_BUCKET, 1, "i3")])])
+        .unwrap();
+    assert_eq!(stats.leases_pruned, 1);
+    let lifetime = sums(&w.store).0;
+    assert!(!lifetime.contains_key(early));
+    assert_eq!(lifetime[late], 7);
+    assert_eq!(lifetime["a"], 13);
+    // Not again within the pass interval, even once the second is due.
+    let stats = w
+        .apply_group(&[batch(
+            3,
+            500_000 + LEASE_RETENTION_MS as i64 + 1,
+            vec![tuple("a", LIFETIME_BUCKET, 1, "i4")],
+        )])
+        .unwrap();
+    assert_eq!(
+        stats.leases_pruned, 1,
+        "the second lease is due and a pass is too"
+    );
 }

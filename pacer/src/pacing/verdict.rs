@@ -45,6 +45,11 @@ pub struct Verdict {
     pub remaining: u64,
     pub exhausted: bool,
     pub multiplier: f64,
+    /// The pacing controller's multiplier alone, without the lag guard's
+    /// cap (0 when exhausted or stale): what spend leases are sized by,
+    /// since a lease's spend is held in flight until reported and needs
+    /// no guard against the lag.
+    pub paced: f64,
     pub overspend_bound: u64,
     pub watermark_ms: Option<i64>,
     pub staleness_ms: i64,
@@ -129,6 +134,7 @@ pub fn verdict(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> Verdict
         } else {
             controlled.min(guard.cap)
         },
+        paced: if exhausted || stale { 0.0 } else { controlled },
         // A bound on how far the spend can end over the budget: what is
         // over it already counts too, not only what is still in flight.
         overspend_bound: guard

@@ -35,6 +35,13 @@ pub struct LimitView {
     pub overspend_bound_micros: u64,
     /// Planned spend by now (daily limits; the budget for lifetime ones).
     pub plan_micros: u64,
+    /// Granted under spend leases and not yet covered by the spend
+    /// reported under them: spend in flight (CONTRACT.md "Spend leases").
+    pub leased_micros: u64,
+    /// The costliest impression seen on the limit (what one event beyond a
+    /// grant can add).
+    #[serde(skip)]
+    pub max_cost_micros: u64,
 }
 
 fn rfc3339(t: DateTime<Utc>) -> String {
@@ -70,6 +77,11 @@ pub fn view(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> LimitView 
         stale: v.stale,
         overspend_bound_micros: v.overspend_bound,
         plan_micros: plan_micros(limit, state, now),
+        leased_micros: 0,
+        max_cost_micros: state
+            .limits
+            .get(&*limit.id)
+            .map_or(0, |s| s.max_cost.max(s.avg_cost.ceil() as u64)),
     }
 }
 

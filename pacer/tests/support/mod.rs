@@ -64,6 +64,7 @@ pub async fn start_with(
         sources: Default::default(),
         alerts: Default::default(),
         max_decision_ids,
+        leases: None,
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

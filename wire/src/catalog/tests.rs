@@ -66,6 +66,10 @@ fn rejects_bad_documents_with_a_reason() {
         err_of(r#"{"limits":{"a":{"budget_micros":1,"period":"daily","parent":"b"}}}"#)
             .contains("parent \"b\" is not a limit")
     );
+    assert!(
+        err_of(r#"{"limits":{"~lease/a":{"budget_micros":1,"period":"daily"}}}"#)
+            .contains("kept for spend leases")
+    );
     assert!(err_of(
         r#"{"limits":{"a":{"budget_micros":1,"period":"daily","parent":"b"},
                        "b":{"budget_micros":1,"period":"daily","parent":"a"}}}"#

@@ -1,0 +1,215 @@
+//! `POST /v1/leases` (decide scope) and `GET /v1/leases/{lease_id}` (read
+//! scope): the request checked field by field (every error names its
+//! field, and nothing is granted when any ad is wrong), then granted by the
+//! committer.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use adspend_wire::lease::LeaseId;
+use adspend_wire::types::MAX_ID_LEN;
+
+use super::Ask;
+use crate::app::AppState;
+use crate::reply::{error, ApiJson, ApiPath};
+
+/// Shortest and longest lease, and the default (CONTRACT.md).
+pub const MIN_TTL_MS: u64 = 1_000;
+pub const MAX_TTL_MS: u64 = 600_000;
+pub const DEFAULT_TTL_MS: u64 = 30_000;
+
+/// The request as sent; every field is checked by hand so that an error
+/// can name it.
+#[derive(Deserialize)]
+pub(crate) struct LeaseRequest {
+    ads: Vec<Value>,
+    #[serde(default)]
+    ttl_ms: Option<Value>,
+}
+
+#[derive(Serialize, Debug, PartialEq)]
+pub struct Granted {
+    pub ad_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_id: Option<String>,
+    pub granted_micros: u64,
+    pub expires_at_ms: i64,
+}
+
+#[derive(Serialize)]
+struct LeaseResponse {
+    leases: Vec<Granted>,
+}
+
+/// `ads[i]` checked: a known ad id, micros an integer >= 1.
+fn ask_of(i: usize, raw: &Value, app: &AppState) -> Result<Ask, String> {
+    let Value::Object(fields) = raw else {
+        return Err(format!(
+            "ads[{i}] must be an object with \"ad_id\" and \"micros\""
+        ));
+    };
+    let ad_id = match fields.get("ad_id") {
+        Some(Value::String(id)) if !id.is_empty() && id.len() <= MAX_ID_LEN => id.clone(),
+        Some(Value::String(id)) => {
+            return Err(format!(
+                "ads[{i}].ad_id must be 1..={MAX_ID_LEN} bytes, has {}",
+                id.len()
+            ))
+        }
+        Some(_) => return Err(format!("ads[{i}].ad_id must be a string")),
+        None => return Err(format!("ads[{i}].ad_id is missing")),
+    };
+    if app.catalog.borrow().limits_of_ad(&ad_id).is_none() {
+        return Err(format!("ads[{i}].ad_id {ad_id:?} is not in the catalog"));
+    }
+    let micros = match fields.get("micros") {
+        Some(Value::Number(n)) => n.as_u64().filter(|&m| m >= 1),
+        Some(_) => None,
+        None => return Err(format!("ads[{i}].micros is missing")),
+    };
+    let micros = micros.ok_or_else(|| format!("ads[{i}].micros must be an integer >= 1"))?;
+    Ok(Ask { ad_id, micros })
+}
+
+fn ttl_of(raw: Option<&Value>) -> Result<u64, String> {
+    match raw {
+        None | Some(Value::Null) => Ok(DEFAULT_TTL_MS),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .filter(|t| (MIN_TTL_MS..=MAX_TTL_MS).contains(t))
+            .ok_or_else(|| format!("ttl_ms must be an integer in {MIN_TTL_MS}..={MAX_TTL_MS}")),
+        Some(_) => Err(format!(
+            "ttl_ms must be an integer in {MIN_TTL_MS}..={MAX_TTL_MS}"
+        )),
+    }
+}
+
+pub(crate) async fn grant(
+    State(app): State<AppState>,
+    ApiJson(request): ApiJson<LeaseRequest>,
+) -> Response {
+    let Some(leases) = app.leases.clone() else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "spend leases are not available on this pacer",
+        );
+    };
+    if request.ads.len() > app.max_decision_ids {
+        metrics::counter!(adspend_common::telemetry::PACER_HTTP_REFUSED_TOTAL, "reason" => "lease_ads").increment(1);
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "ads: {} ads, at most {} in one request (ADSPEND_PACER_MAX_DECISION_IDS)",
+                request.ads.len(),
+                app.max_decision_ids
+            ),
+        );
+    }
+    let ttl_ms = match ttl_of(request.ttl_ms.as_ref()) {
+        Ok(t) => t,
+        Err(e) => return error(StatusCode::UNPROCESSABLE_ENTITY, e),
+    };
+    let asks: Result<Vec<Ask>, String> = request
+        .ads
+        .iter()
+        .enumerate()
+        .map(|(i, raw)| ask_of(i, raw, &app))
+        .collect();
+    let asks = match asks {
+        Ok(a) => a,
+        Err(e) => return error(StatusCode::UNPROCESSABLE_ENTITY, e),
+    };
+    let expires_at_ms = adspend_common::now_ms() + ttl_ms as i64;
+    match leases.grant(asks, expires_at_ms).await {
+        Ok(grants) => Json(LeaseResponse {
+            leases: grants
+                .into_iter()
+                .map(|(grant, id)| Granted {
+                    ad_id: grant.ad_id,
+                    lease_id: id.map(|id| id.encode()),
+                    granted_micros: grant.micros,
+                    expires_at_ms: grant.expires_at_ms,
+                })
+                .collect(),
+        })
+        .into_response(),
+        Err(unavailable) => error(StatusCode::SERVICE_UNAVAILABLE, unavailable.0),
+    }
+}
+
+/// One live lease as this pacer holds it.
+#[derive(Serialize)]
+struct LeaseView {
+    lease_id: String,
+    ad_id: String,
+    limits: Vec<String>,
+    granted_micros: u64,
+    /// Spend reported under the lease so far (may pass the grant).
+    reported_micros: u64,
+    /// What it still holds of each of its limits.
+    held_micros: u64,
+    expires_at_ms: i64,
+}
+
+pub(crate) async fn read(
+    State(app): State<AppState>,
+    ApiPath(lease_id): ApiPath<String>,
+) -> Response {
+    let Some(leases) = app.leases.as_ref() else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "spend leases are not available on this pacer",
+        );
+    };
+    let Some(id) = LeaseId::parse(&lease_id) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("{lease_id:?} is not a lease id"),
+        );
+    };
+    let ledger = leases.ledger();
+    match ledger.lease(&id) {
+        Some(lease) => Json(LeaseView {
+            lease_id,
+            ad_id: lease.ad_id.to_string(),
+            limits: lease.limits.iter().map(|l| l.to_string()).collect(),
+            granted_micros: lease.granted,
+            reported_micros: lease.reported,
+            held_micros: lease.granted - lease.covered,
+            expires_at_ms: id.expires_at_ms,
+        })
+        .into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            format!("no live lease {lease_id:?} (never granted, granted nothing, or retired)"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_is_checked_and_named() {
+        assert_eq!(ttl_of(None), Ok(DEFAULT_TTL_MS));
+        assert_eq!(ttl_of(Some(&Value::from(1_000))), Ok(1_000));
+        assert_eq!(ttl_of(Some(&Value::from(600_000))), Ok(600_000));
+        for bad in [
+            Value::from(999),
+            Value::from(600_001),
+            Value::from(-5),
+            Value::from(1.5),
+            Value::from("30000"),
+        ] {
+            assert!(
+                ttl_of(Some(&bad)).unwrap_err().starts_with("ttl_ms"),
+                "{bad}"
+            );
+        }
+    }
+}
