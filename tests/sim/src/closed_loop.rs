@@ -234,7 +234,7 @@ pub struct LeaseCounts {
 }
 
 impl Counters {
-    fn progress(&self, elapsed: Duration, config: &LoopConfig) -> LoopProgress {
+    pub(crate) fn progress(&self, elapsed: Duration, config: &LoopConfig) -> LoopProgress {
         LoopProgress {
             mode: config.mode,
             elapsed,

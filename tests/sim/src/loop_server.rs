@@ -389,3 +389,6 @@ fn sample_cost(cost: &CostDistribution, rng: &mut SmallRng) -> u64 {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
