@@ -11,6 +11,9 @@
 #
 #   DEMO_DAY=60s DEMO_PEAK_RATE=2000 scripts/demo.sh
 #
+# DEMO_SERVE=leases has them serve by spend leases instead (POST /v1/leases:
+# each server leases ahead per ad and serves only what its leases pay for).
+#
 # DEMO_MODE=open publishes regardless of budgets instead (`adsim run`, the
 # throughput demo): DEMO_EVENTS=200000 DEMO_BATCH=100 DEMO_MODE=open scripts/demo.sh
 #
@@ -33,6 +36,7 @@ cd "$root"
 events=${DEMO_EVENTS:-200000}
 batch=${DEMO_BATCH:-100}
 mode=${DEMO_MODE:-closed}
+serve=${DEMO_SERVE:-decisions}
 day=${DEMO_DAY:-60s}
 peak_rate=${DEMO_PEAK_RATE:-2000}
 out="$root/demo-out"
@@ -137,9 +141,9 @@ if [ "$mode" = open ]; then
   (as_role adserver "$bin/adsim" run --catalog "$out/catalog.json" --truth-out "$out/truth.json" \
     --events "$events" --duplicate-rate 0.05 --bad-rate 0.01 --batch "$batch" --seed 7)
 else
-  echo "demo: ad servers asking the pacer before they serve, a day compressed into $day (peak $peak_rate requests/s)"
+  echo "demo: ad servers asking the pacer ($serve) before they serve, a day compressed into $day (peak $peak_rate requests/s)"
   (as_role adserver "$bin/adsim" serve --catalog "$out/catalog.json" --truth-out "$out/truth.json" \
-    --pacer-url http://127.0.0.1:8080 --day "$day" --peak-rate "$peak_rate" --seed 7)
+    --pacer-url http://127.0.0.1:8080 --day "$day" --peak-rate "$peak_rate" --mode "$serve" --seed 7)
 fi
 "$bin/adcheck" --truth "$out/truth.json" --timeout 120 --show 15
 end_ns=$(date +%s%N)

@@ -1,7 +1,12 @@
 //! Pacing on the real pipeline: the closed loop ([`adspend_sim::closed_loop`])
 //! against NATS, limiter, aggregator and pacer processes, once per pacing
-//! algorithm (`ADSPEND_PACER_ALGORITHM`) and added delay, each run on a
-//! fresh pipeline with the same catalog, traffic and seeds.
+//! algorithm (`ADSPEND_PACER_ALGORITHM`), serving mode (decisions or spend
+//! leases, [`ServeMode`]) and added delay, each run on a fresh pipeline
+//! with the same catalog, traffic and seeds.
+//!
+//! Two scenarios ([`Scenario`]): a compressed day over the generated
+//! catalog, and [`fast`] exhaustion, budgets that demand spends within
+//! seconds. [`table`] prints their tables.
 //!
 //! The added delay holds every served impression back before it is
 //! published (its `ts` stays the serving instant): a slow path from ad
@@ -12,8 +17,10 @@
 //! minutes, but a daily limit's period (and the pacer's plan over it) is a
 //! real day, so only lifetime budgets are spent within the run.
 
+pub mod fast;
+mod table;
+
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -23,21 +30,34 @@ use crate::e2e::SERVICE_ENV;
 use adspend_harness::pipeline::{Backends, Pipeline};
 use adspend_harness::{free_port, NatsOptions};
 use adspend_sim::check::wait_for_match;
-use adspend_sim::stats::quantile;
 use adspend_sim::{
-    self as sim, loop_watch, run_closed_loop, Catalog, CatalogSpec, CostDistribution, LoopConfig,
-    Period,
+    self as sim, loop_watch, run_closed_loop, Catalog, CatalogSpec, CostDistribution, LeaseCounts,
+    LoopConfig, Period, ServeMode,
 };
+
+pub use table::{fast_markdown, markdown};
 
 /// Settings of the section.
 #[derive(Debug, Clone)]
 pub struct PacingBench {
+    pub scenario: Scenario,
+    /// Ads of the generated catalog (the day scenario).
     pub ads: u32,
     pub day: Duration,
     pub peak_rate: f64,
     pub delays: Vec<Duration>,
     pub algorithms: Vec<&'static str>,
+    pub modes: Vec<ServeMode>,
     pub seed: u64,
+}
+
+/// What the closed loop runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// A day compressed into --pacing-day-secs, over the generated catalog.
+    Day,
+    /// 20 budgets of 2,000 impressions that demand spends within seconds.
+    Fast,
 }
 
 /// Cost of an impression: uniform, one currency unit on average.
@@ -50,6 +70,7 @@ pub const COST: CostDistribution = CostDistribution::Uniform {
 #[derive(Debug, Clone)]
 pub struct RunResult {
     pub algorithm: &'static str,
+    pub mode: ServeMode,
     pub delay: Duration,
     pub limits: usize,
     /// Limits whose traffic could have bought their budget (requests asked
@@ -67,6 +88,8 @@ pub struct RunResult {
     pub served: u64,
     pub spent_micros: u64,
     pub decision_errors: u64,
+    /// Zero in decisions mode.
+    pub leases: LeaseCounts,
     pub exact: bool,
 }
 
@@ -79,23 +102,53 @@ pub fn catalog(ads: u32, seed: u64) -> anyhow::Result<Catalog> {
     Ok(catalog)
 }
 
+/// Every run of the section: for each delay, each mode side by side, each
+/// algorithm.
 pub async fn run(bench: &PacingBench) -> anyhow::Result<Vec<RunResult>> {
-    let catalog = catalog(bench.ads, bench.seed)?;
+    let catalog = match bench.scenario {
+        Scenario::Day => catalog(bench.ads, bench.seed)?,
+        Scenario::Fast => fast::catalog()?,
+    };
     let mut results = Vec::new();
     for &delay in &bench.delays {
-        for &algorithm in &bench.algorithms {
-            let result = one_run(bench, &catalog, algorithm, delay).await?;
-            println!("{}", summary(&result));
-            results.push(result);
+        for &mode in &bench.modes {
+            for &algorithm in &bench.algorithms {
+                let result = one_run(bench, &catalog, algorithm, mode, delay).await?;
+                println!("{}", table::summary(&result));
+                results.push(result);
+            }
         }
     }
     Ok(results)
+}
+
+/// The loop of one run of the day scenario.
+fn day_config(
+    bench: &PacingBench,
+    pacer_url: String,
+    mode: ServeMode,
+    delay: Duration,
+) -> LoopConfig {
+    LoopConfig {
+        pacer_url,
+        servers: 4,
+        day: bench.day,
+        duration: bench.day,
+        peak_rate: bench.peak_rate,
+        cost: COST,
+        mode,
+        publish_delay: delay,
+        seed: bench.seed,
+        progress_interval: Duration::from_secs(15),
+        ..LoopConfig::default()
+    }
 }
 
 async fn one_run(
     bench: &PacingBench,
     catalog: &Catalog,
     algorithm: &'static str,
+    mode: ServeMode,
     delay: Duration,
 ) -> anyhow::Result<RunResult> {
     let mut p = Pipeline::start_with(
@@ -113,17 +166,9 @@ async fn one_run(
     p.limiter = Some(p.spawn_with("limiter", free_port(), SERVICE_ENV));
     p.pacer = Some(p.spawn_with("pacer", free_port(), &pacer_env));
     p.wait_pacer().await;
-    let config = LoopConfig {
-        pacer_url: p.pacer_url(),
-        servers: 4,
-        day: bench.day,
-        duration: bench.day,
-        peak_rate: bench.peak_rate,
-        cost: COST,
-        publish_delay: delay,
-        seed: bench.seed,
-        progress_interval: Duration::from_secs(15),
-        ..LoopConfig::default()
+    let config = match bench.scenario {
+        Scenario::Day => day_config(bench, p.pacer_url(), mode, delay),
+        Scenario::Fast => fast::loop_config(p.pacer_url(), mode, delay, bench.seed),
     };
     let stop = CancellationToken::new();
     let watch = loop_watch::spawn(
@@ -134,7 +179,11 @@ async fn one_run(
     );
     let client = p.client().await;
     let loop_start = std::time::Instant::now();
-    let label = format!("{algorithm}, delay {}s", delay.as_secs_f64());
+    let label = format!(
+        "{algorithm} by {}, delay {}s",
+        mode.name(),
+        delay.as_secs_f64()
+    );
     let outcome = run_closed_loop(&client, &config, catalog, CancellationToken::new(), |pr| {
         println!("bench: pacing {label}: {}", sim::cli::loop_line(pr));
     })
@@ -154,7 +203,7 @@ async fn one_run(
     }
 
     // Demand: requests asked per ad, booked to every limit above the ad.
-    let mean_cost = match COST {
+    let mean_cost = match config.cost {
         CostDistribution::Uniform { min, max } => (min + max) as f64 / 2.0,
         CostDistribution::LogUniform { .. } => unreachable!("uniform"),
     };
@@ -168,6 +217,7 @@ async fn one_run(
     }
     let mut result = RunResult {
         algorithm,
+        mode,
         delay,
         limits: catalog.limits.len(),
         constrained: 0,
@@ -179,6 +229,7 @@ async fn one_run(
         served: outcome.progress.served,
         spent_micros: outcome.progress.served_micros,
         decision_errors: outcome.progress.decision_errors,
+        leases: outcome.progress.leases.clone(),
         exact: comparison.mismatches().is_empty(),
     };
     let (mut off, mut budgets) = (0.0, 0.0);
@@ -218,55 +269,4 @@ async fn one_run(
         0.0
     };
     Ok(result)
-}
-
-fn summary(r: &RunResult) -> String {
-    format!(
-        "bench: pacing {} delay {}s: {} limits, {} over budget, {} within the stated bound, \
-         over+under {:.2}% of the constrained budgets; {} served, {} decision errors, exact {}",
-        r.algorithm,
-        r.delay.as_secs_f64(),
-        r.limits,
-        r.over_budget,
-        r.within_bound,
-        r.over_under_total_pct,
-        r.served,
-        r.decision_errors,
-        r.exact
-    )
-}
-
-/// The table of `docs/PACING.md`.
-pub fn markdown(results: &[RunResult]) -> String {
-    let mut out = String::from(
-        "| pacer | added delay | limits | within stated bound | over budget | over % median / p99 / max \
-         | constrained limits | under % median / p99 / max | over+under % of budget | served | exact |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
-    for r in results {
-        let q = |v: &[f64]| {
-            format!(
-                "{:.2} / {:.2} / {:.2}",
-                quantile(v, 0.5),
-                quantile(v, 0.99),
-                quantile(v, 1.0)
-            )
-        };
-        let _ = writeln!(
-            out,
-            "| {} | {} s | {} | {:.1}% | {} | {} | {} | {} | {:.2} | {} | {} |",
-            r.algorithm,
-            r.delay.as_secs_f64(),
-            r.limits,
-            r.within_bound as f64 / r.limits as f64 * 100.0,
-            r.over_budget,
-            q(&r.over_pct),
-            r.constrained,
-            q(&r.under_pct),
-            r.over_under_total_pct,
-            r.served,
-            if r.exact { "yes" } else { "NO" }
-        );
-    }
-    out
 }

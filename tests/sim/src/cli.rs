@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use adspend_common::config::NatsArgs;
 use anyhow::Context;
-use clap::Args;
+use clap::{Args, ValueEnum};
 
 use super::{
-    BadKind, CatalogSpec, CostDistribution, EventTime, LoopConfig, LoopProgress, Progress,
-    SimConfig, Stats,
+    BadKind, CatalogSpec, CostDistribution, EventTime, LeasePolicy, LoopConfig, LoopProgress,
+    Progress, ServeMode, SimConfig, Stats,
 };
 
 /// `adsim catalog`.
@@ -100,6 +100,18 @@ pub struct RunArgs {
     pub in_flight: usize,
 }
 
+/// How `adsim serve`'s ad servers ask the pacer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    /// POST /v1/decisions for the requested ads; serve a servable ad with
+    /// probability equal to its multiplier.
+    Decisions,
+    /// Lease spend ahead (POST /v1/leases), at most one live lease per ad
+    /// and server; serve only what a lease can pay for before its expiry,
+    /// with the lease_id on every impression.
+    Leases,
+}
+
 /// `adsim serve`: ad servers that ask the pacer before they serve.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -108,7 +120,7 @@ pub struct ServeArgs {
     pub nats_url: String,
     #[command(flatten)]
     pub nats_auth: NatsAuthArgs,
-    /// The pacer API the servers ask (POST /v1/decisions).
+    /// The pacer API the servers ask (POST /v1/decisions or /v1/leases).
     #[arg(long, env = "ADSIM_PACER_URL", default_value = "http://127.0.0.1:8080")]
     pub pacer_url: String,
     /// Bearer token of the pacer's decide scope, if it requires one.
@@ -133,9 +145,26 @@ pub struct ServeArgs {
     /// Ad requests per second, all servers together, at the evening peak.
     #[arg(long, env = "ADSIM_PEAK_RATE", default_value_t = 2000.0)]
     pub peak_rate: f64,
-    /// Ads per POST /v1/decisions.
+    /// Ads per POST /v1/decisions; in lease mode, the most ads one
+    /// POST /v1/leases asks for (a server makes at most one a tick).
     #[arg(long, env = "ADSIM_DECISION_BATCH", default_value_t = 100)]
     pub decision_batch: usize,
+    /// How the servers ask the pacer: decisions or leases.
+    #[arg(long, env = "ADSIM_MODE", value_enum, default_value = "decisions")]
+    pub mode: ModeArg,
+    /// Leases: the ttl_ms each lease is asked for (1000..=600000).
+    #[arg(long, env = "ADSIM_LEASE_TTL_MS", default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(1_000..=600_000))]
+    pub lease_ttl_ms: u64,
+    /// Leases: serve nothing under a lease once the server's clock is
+    /// within this many ms of its expires_at_ms (at most half the ttl).
+    #[arg(long, env = "ADSIM_LEASE_MARGIN_MS", default_value_t = 1_000)]
+    pub lease_margin_ms: u64,
+    /// Leases: each ask covers the ad's expected spend (its request rate
+    /// times the mean cost seen) over this share of a lease's life (ttl
+    /// less the margin), and at least one impression at the highest cost.
+    #[arg(long, env = "ADSIM_LEASE_ASK_SHARE", default_value_t = 0.5)]
+    pub lease_ask_share: f64,
     /// Hold each served impression back this long before publishing it
     /// (a slow path from ad server to stream; its ts stays the serving time).
     #[arg(long, env = "ADSIM_PUBLISH_DELAY", default_value = "0s", value_parser = super::parse_duration)]
@@ -169,6 +198,7 @@ impl ServeArgs {
             duration: self.duration.unwrap_or(self.day),
             peak_rate: self.peak_rate,
             decision_batch: self.decision_batch,
+            mode: self.serve_mode(),
             zipf_exponent: self.zipf,
             cost: self.cost,
             publish_delay: self.publish_delay,
@@ -181,24 +211,79 @@ impl ServeArgs {
             ..LoopConfig::default()
         }
     }
+
+    pub fn serve_mode(&self) -> ServeMode {
+        match self.mode {
+            ModeArg::Decisions => ServeMode::Decisions,
+            ModeArg::Leases => ServeMode::Leases(LeasePolicy {
+                ttl: Duration::from_millis(self.lease_ttl_ms),
+                margin: Duration::from_millis(self.lease_margin_ms),
+                ask_share: self.lease_ask_share,
+            }),
+        }
+    }
 }
 
 /// The line `adsim serve` prints every few seconds.
 pub fn loop_line(p: &LoopProgress) -> String {
     let asked = p.servable + p.not_servable;
+    let l = &p.leases;
+    let calls = if matches!(p.mode, ServeMode::Leases(_)) {
+        format!(
+            "{} lease calls ({} failed), {} leases asked, {} granted, {} zero, {:.2} of {:.2} \
+             asked granted, {} requests refused for lack of a lease",
+            l.calls,
+            l.errors,
+            l.asked,
+            l.granted,
+            l.zero,
+            l.micros_granted as f64 / 1e6,
+            l.micros_asked as f64 / 1e6,
+            l.refused
+        )
+    } else {
+        format!(
+            "{} decision calls ({} failed), {} of {} ads servable",
+            p.decision_calls, p.decision_errors, p.servable, asked
+        )
+    };
     format!(
-        "{:6.1}s day {:04.1}h: {} requests, {} decision calls ({} failed), {} of {} ads servable, \
-         {} served ({:.2} spent), {} acked",
+        "{:6.1}s day {:04.1}h: {} requests, {calls}, {} served ({:.2} spent), {} acked",
         p.elapsed.as_secs_f64(),
         p.hour,
         p.requests,
-        p.decision_calls,
-        p.decision_errors,
-        p.servable,
-        asked,
         p.served,
         p.served_micros as f64 / 1e6,
         p.acked
+    )
+}
+
+/// The final line of `adsim serve`.
+pub fn loop_summary(p: &LoopProgress) -> String {
+    let l = &p.leases;
+    let refused = match p.mode {
+        ServeMode::Decisions => format!(
+            "{} refused by the pacer, {} decision calls failed",
+            p.not_servable, p.decision_errors
+        ),
+        ServeMode::Leases(_) => format!(
+            "{} refused for lack of a lease; {} lease calls ({} failed), {} leases asked, \
+             {} granted, {} granted nothing, {:.2} of {:.2} asked granted",
+            l.refused,
+            l.calls,
+            l.errors,
+            l.asked,
+            l.granted,
+            l.zero,
+            l.micros_granted as f64 / 1e6,
+            l.micros_asked as f64 / 1e6
+        ),
+    };
+    format!(
+        "{} requests, {} served for {:.2}, {refused}",
+        p.requests,
+        p.served,
+        p.served_micros as f64 / 1e6
     )
 }
 

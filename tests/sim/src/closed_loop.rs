@@ -1,12 +1,21 @@
 //! The closed loop: simulated ad servers that ask the pacer before they
 //! serve. Each of `servers` tasks draws ad requests from a day-shaped
-//! traffic curve compressed so that a day lasts `day`, asks
-//! `POST /v1/decisions` for the requested ads in batches (as a bidder
-//! would), and serves an ad only when the pacer says it is servable, with
-//! probability equal to its multiplier. Served impressions go to the
-//! publisher ([`super::loop_publish`]), which may hold each one back by
-//! `publish_delay` before it reaches JetStream and books it into the truth
-//! once acknowledged, so totals stay exactly checkable.
+//! traffic curve compressed so that a day lasts `day` (or a flat one), and
+//! serves in one of two modes ([`ServeMode`]):
+//!
+//! - decisions: asks `POST /v1/decisions` for the requested ads in batches
+//!   (as a bidder would), and serves an ad only when the pacer says it is
+//!   servable, with probability equal to its multiplier;
+//! - leases: holds at most one spend lease per ad (`POST /v1/leases`,
+//!   [`super::loop_lease`]), leased ahead in one call per tick, and serves
+//!   a request only when its cost fits what is left of the ad's lease
+//!   before the lease's expiry (less a margin); every impression carries
+//!   its `lease_id`, and nothing is ever served outside a lease.
+//!
+//! Served impressions go to the publisher ([`super::loop_publish`]), which
+//! may hold each one back by `publish_delay` before it reaches JetStream
+//! and books it into the truth once acknowledged, so totals stay exactly
+//! checkable.
 //!
 //! A server that cannot ask (the pacer unreachable, an error status, an
 //! answer it cannot read) serves nothing for those requests, counts the
@@ -22,6 +31,7 @@ use rand::Rng;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::loop_lease::ServeMode;
 use super::loop_publish::{self, Served};
 use super::loop_server::Server;
 use super::truth::CatalogIndex;
@@ -42,8 +52,10 @@ pub struct LoopConfig {
     pub duration: Duration,
     /// Ad requests per second, all servers together, at the day's peak.
     pub peak_rate: f64,
-    /// Ads per `POST /v1/decisions`.
+    /// Ads per `POST /v1/decisions`, and most ads per `POST /v1/leases`.
     pub decision_batch: usize,
+    pub mode: ServeMode,
+    pub traffic: Traffic,
     /// How often each server takes the requests that arrived.
     pub tick: Duration,
     pub zipf_exponent: f64,
@@ -75,6 +87,8 @@ impl Default for LoopConfig {
             duration: Duration::from_secs(60),
             peak_rate: 2_000.0,
             decision_batch: 100,
+            mode: ServeMode::Decisions,
+            traffic: Traffic::Day,
             tick: Duration::from_millis(100),
             zipf_exponent: 1.0,
             cost: CostDistribution::Uniform {
@@ -122,7 +136,27 @@ impl LoopConfig {
         if let Some(run_id) = &self.run_id {
             check_run_id(run_id)?;
         }
+        self.mode.validate()?;
         self.cost.validate().map_err(anyhow::Error::msg)
+    }
+}
+
+/// The shape of the ad requests over time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Traffic {
+    /// [`day_shape`] over each `day`: the peak rate in the evening only.
+    Day,
+    /// The peak rate all the time.
+    Flat,
+}
+
+impl Traffic {
+    /// Share of the peak rate at hour `h` of the simulated day.
+    pub(crate) fn at(self, h: f64) -> f64 {
+        match self {
+            Traffic::Day => day_shape(h),
+            Traffic::Flat => 1.0,
+        }
     }
 }
 
@@ -148,30 +182,63 @@ pub(crate) struct Counters {
     pub(crate) served_micros: AtomicU64,
     pub(crate) acked: AtomicU64,
     pub(crate) messages_failed: AtomicU64,
+    pub(crate) lease_calls: AtomicU64,
+    pub(crate) lease_errors: AtomicU64,
+    pub(crate) leases_asked: AtomicU64,
+    pub(crate) leases_granted: AtomicU64,
+    pub(crate) leases_zero: AtomicU64,
+    pub(crate) lease_micros_asked: AtomicU64,
+    pub(crate) lease_micros_granted: AtomicU64,
+    pub(crate) refused_no_lease: AtomicU64,
 }
 
 /// A snapshot of a running loop, reported every `progress_interval`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoopProgress {
+    pub mode: ServeMode,
     pub elapsed: Duration,
     /// Hour of the simulated day.
     pub hour: f64,
     pub requests: u64,
     pub decision_calls: u64,
     pub decision_errors: u64,
+    /// Requests that could be served (decisions: the pacer said servable;
+    /// leases: a live lease could pay for them) and those that could not.
     pub servable: u64,
     pub not_servable: u64,
     pub served: u64,
     pub served_micros: u64,
     /// Impressions JetStream acknowledged.
     pub acked: u64,
+    pub leases: LeaseCounts,
+}
+
+/// What the servers of a run in lease mode asked and got (all zero in
+/// decisions mode).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseCounts {
+    /// `POST /v1/leases` calls, and those that failed (no answer, an error
+    /// status, or an answer that breaks the contract).
+    pub calls: u64,
+    pub errors: u64,
+    /// Leases asked for (one per ad in a call), granted (a `lease_id`), and
+    /// answered with 0 micros.
+    pub asked: u64,
+    pub granted: u64,
+    pub zero: u64,
+    pub micros_asked: u64,
+    pub micros_granted: u64,
+    /// Requests not served because no live lease of their ad could pay
+    /// for them.
+    pub refused: u64,
 }
 
 impl Counters {
-    fn progress(&self, elapsed: Duration, day: Duration) -> LoopProgress {
+    pub(crate) fn progress(&self, elapsed: Duration, config: &LoopConfig) -> LoopProgress {
         LoopProgress {
+            mode: config.mode,
             elapsed,
-            hour: hour_of(elapsed, day),
+            hour: hour_of(elapsed, config.day),
             requests: self.requests.load(Relaxed),
             decision_calls: self.decision_calls.load(Relaxed),
             decision_errors: self.decision_errors.load(Relaxed),
@@ -180,6 +247,16 @@ impl Counters {
             served: self.served.load(Relaxed),
             served_micros: self.served_micros.load(Relaxed),
             acked: self.acked.load(Relaxed),
+            leases: LeaseCounts {
+                calls: self.lease_calls.load(Relaxed),
+                errors: self.lease_errors.load(Relaxed),
+                asked: self.leases_asked.load(Relaxed),
+                granted: self.leases_granted.load(Relaxed),
+                zero: self.leases_zero.load(Relaxed),
+                micros_asked: self.lease_micros_asked.load(Relaxed),
+                micros_granted: self.lease_micros_granted.load(Relaxed),
+                refused: self.refused_no_lease.load(Relaxed),
+            },
         }
     }
 }
@@ -188,9 +265,10 @@ pub(crate) fn hour_of(elapsed: Duration, day: Duration) -> f64 {
     (elapsed.as_secs_f64() / day.as_secs_f64()).fract() * 24.0
 }
 
-/// What the servers saw of one ad: how often the pacer said it was or was
-/// not servable, and when the last request that came back servable (and the
-/// last one that led to an impression) was sent.
+/// What the servers saw of one ad: how many of its requests could be served
+/// or not (decisions: what the pacer said; leases: whether a live lease
+/// could pay), and when the last request that could be served (and the
+/// last one that led to an impression) was asked about.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AdRecord {
     pub servable: u64,
@@ -269,7 +347,7 @@ pub async fn run_closed_loop(
     );
     loop {
         tokio::select! {
-            _ = report.tick() => on_progress(&counters.progress(start.elapsed(), config.day)),
+            _ = report.tick() => on_progress(&counters.progress(start.elapsed(), config)),
             _ = tokio::time::sleep_until(end.into()) => break,
             _ = cancel.cancelled() => break,
         }
@@ -283,7 +361,7 @@ pub async fn run_closed_loop(
         }
     }
     let truth = publisher.await.context("publisher task")??;
-    let progress = counters.progress(start.elapsed(), config.day);
+    let progress = counters.progress(start.elapsed(), config);
     on_progress(&progress);
     let ads = index.ad_ids.iter().cloned().zip(ads).collect();
     Ok(LoopOutcome {
@@ -336,6 +414,26 @@ mod tests {
             ..LoopConfig::default()
         };
         assert!(bad.validate().is_err());
+        let bad = LoopConfig {
+            mode: ServeMode::Leases(crate::loop_lease::LeasePolicy {
+                ttl: Duration::from_millis(500),
+                ..Default::default()
+            }),
+            ..LoopConfig::default()
+        };
+        assert!(bad.validate().unwrap_err().to_string().contains("ttl"));
         LoopConfig::default().validate().unwrap();
+        LoopConfig {
+            mode: ServeMode::Leases(Default::default()),
+            ..LoopConfig::default()
+        }
+        .validate()
+        .unwrap();
+    }
+
+    #[test]
+    fn flat_traffic_is_the_peak_all_day() {
+        assert_eq!(Traffic::Flat.at(3.0), 1.0);
+        assert_eq!(Traffic::Day.at(3.0), day_shape(3.0));
     }
 }

@@ -5,12 +5,19 @@
 //! payloads; `publish` sends them to JetStream with many acks in flight and,
 //! for every acknowledged message, feeds its impressions to `truth`, which
 //! sums spend per limit and local day: what the pipeline must end up with.
+//!
+//! The closed loop: `closed_loop` runs simulated ad servers
+//! (`loop_server`) that ask the pacer before they serve, by decisions or by
+//! spend leases (`loop_lease`); `loop_publish` publishes what they served
+//! and books it into the truth once acknowledged; `loop_watch` polls the
+//! pacer meanwhile.
 
 mod catalog;
 pub mod check;
 pub mod cli;
 pub mod closed_loop;
 pub mod event;
+mod loop_lease;
 mod loop_publish;
 mod loop_server;
 pub mod loop_watch;
@@ -22,8 +29,11 @@ pub mod truth;
 use std::time::Duration;
 
 pub use catalog::{generate_catalog, Catalog, CatalogSpec, Limit, Period, MAX_ID_BYTES, ZONES};
-pub use closed_loop::{run_closed_loop, AdRecord, LoopConfig, LoopOutcome, LoopProgress};
+pub use closed_loop::{
+    run_closed_loop, AdRecord, LeaseCounts, LoopConfig, LoopOutcome, LoopProgress, Traffic,
+};
 pub use event::{BadKind, CostDistribution, EventTime};
+pub use loop_lease::{LeasePolicy, ServeMode};
 pub use publish::{ensure_stream, run, run_with_progress, Progress};
 pub use truth::{
     day_key, differences, local_date, Impression, LimitTruth, Recorded, Stats, Truth, TruthBuilder,

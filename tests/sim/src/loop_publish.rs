@@ -1,7 +1,9 @@
 //! The closed loop's publisher: takes the impressions the ad servers
 //! served, holds each until its due time (`publish_delay` after it was
 //! served), publishes them to JetStream as NDJSON messages, and books the
-//! impressions of every acknowledged message into the truth.
+//! impressions of every acknowledged message into the truth. An impression
+//! served under a spend lease carries its `lease_id`; the truth books it
+//! like any other.
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -22,7 +24,7 @@ use super::truth::{CatalogIndex, Stats, Truth, TruthBuilder};
 const IN_FLIGHT: usize = 256;
 
 /// One served impression on its way to the stream.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Served {
     pub(crate) ad: u32,
     pub(crate) cost: u64,
@@ -30,6 +32,29 @@ pub(crate) struct Served {
     pub(crate) ts: i64,
     /// When it may be published.
     pub(crate) due: Instant,
+    /// The lease it was served under, as a JSON string literal (lease
+    /// mode only).
+    pub(crate) lease: Option<Arc<str>>,
+}
+
+/// Appends the impression `<run id>-c<seq>` of `s` as one NDJSON line:
+/// the contract's fields, and `lease_id` when it was served under a lease.
+pub(crate) fn write_impression(
+    out: &mut String,
+    run_id: &str,
+    seq: u64,
+    ad_json: &str,
+    s: &Served,
+) {
+    let _ = write!(
+        out,
+        r#"{{"id":"{run_id}-c{seq}","ad_id":{ad_json},"cost_micros":{},"ts":{}"#,
+        s.cost, s.ts
+    );
+    if let Some(lease) = &s.lease {
+        let _ = write!(out, r#","lease_id":{lease}"#);
+    }
+    out.push_str("}\n");
 }
 
 /// (sequence number, impression) of a published message.
@@ -106,11 +131,7 @@ pub(crate) async fn run(
                     while sent.len() < config.batch && held.front().is_some_and(|s| s.due <= now) {
                         let s = held.pop_front().expect("checked");
                         let ad = &index.ad_json[s.ad as usize];
-                        let _ = writeln!(
-                            payload,
-                            r#"{{"id":"{run_id}-c{next_seq}","ad_id":{ad},"cost_micros":{},"ts":{}}}"#,
-                            s.cost, s.ts
-                        );
+                        write_impression(&mut payload, &run_id, next_seq, ad, &s);
                         sent.push((next_seq, s));
                         next_seq += 1;
                     }
@@ -152,4 +173,56 @@ pub(crate) async fn run(
         ..Stats::default()
     };
     Ok(truth.finish(stats))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn served(lease: Option<&str>) -> Served {
+        Served {
+            ad: 0,
+            cost: 1_500_000,
+            ts: 1_800_000_000_123,
+            due: Instant::now(),
+            lease: lease.map(|id| serde_json::to_string(id).unwrap().into()),
+        }
+    }
+
+    fn line(s: &Served) -> serde_json::Value {
+        let mut out = String::new();
+        write_impression(&mut out, "loop-ab12cd", 7, r#""ad-\"1""#, s);
+        assert!(
+            out.ends_with('\n') && out.matches('\n').count() == 1,
+            "{out:?}"
+        );
+        serde_json::from_str(&out).unwrap()
+    }
+
+    #[test]
+    fn an_impression_carries_the_contract_s_fields_and_no_lease_outside_lease_mode() {
+        assert_eq!(
+            line(&served(None)),
+            serde_json::json!({
+                "id": "loop-ab12cd-c7",
+                "ad_id": "ad-\"1",
+                "cost_micros": 1_500_000,
+                "ts": 1_800_000_000_123_i64
+            })
+        );
+    }
+
+    #[test]
+    fn an_impression_served_under_a_lease_carries_its_lease_id() {
+        assert_eq!(
+            line(&served(Some("01J9Z-\"x"))),
+            serde_json::json!({
+                "id": "loop-ab12cd-c7",
+                "ad_id": "ad-\"1",
+                "cost_micros": 1_500_000,
+                "ts": 1_800_000_000_123_i64,
+                "lease_id": "01J9Z-\"x"
+            })
+        );
+    }
 }

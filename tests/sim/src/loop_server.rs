@@ -1,6 +1,8 @@
 //! One simulated ad server of the closed loop ([`super::closed_loop`]):
-//! each tick it draws the requests that arrived from the day-shaped curve,
-//! asks the pacer about their ads in batches, and serves what it may.
+//! each tick it draws the requests that arrived from the traffic curve,
+//! then, by decisions, asks the pacer about their ads in batches and serves
+//! what it may; by leases, leases ahead what its book wants in one call
+//! ([`super::loop_lease`]) and serves what its leases can pay for.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -15,7 +17,10 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::closed_loop::{day_shape, hour_of, AdRecord, Counters, LoopConfig};
+use super::closed_loop::{hour_of, AdRecord, Counters, LoopConfig};
+use super::loop_lease::{
+    Granted, LeaseAsk, LeaseBook, LeaseGrant, LeasePolicy, LeaseRequest, LeaseResponse, ServeMode,
+};
 use super::loop_publish::Served;
 use super::truth::CatalogIndex;
 use super::CostDistribution;
@@ -44,6 +49,8 @@ pub(crate) struct Server {
     tx: mpsc::UnboundedSender<Served>,
     records: Vec<AdRecord>,
     failures: u32,
+    /// Lease mode only.
+    leases: Option<LeaseBook>,
 }
 
 impl Server {
@@ -71,6 +78,13 @@ impl Server {
             tx,
             records: vec![AdRecord::default(); ads],
             failures: 0,
+            leases: match config.mode {
+                ServeMode::Decisions => None,
+                // A new lease arrives within about two ticks of the ask.
+                ServeMode::Leases(policy) => {
+                    Some(LeaseBook::new(policy, &config.cost, ads, config.tick * 2))
+                }
+            },
         })
     }
 
@@ -88,7 +102,7 @@ impl Server {
             let dt = (now - last).as_secs_f64();
             last = now;
             let hour = hour_of(now - start, self.config.day);
-            let mean = share * day_shape(hour) * dt;
+            let mean = share * self.config.traffic.at(hour) * dt;
             let requests = match Poisson::new(mean) {
                 Ok(p) => p.sample(&mut self.rng) as usize,
                 Err(_) => 0,
@@ -98,6 +112,12 @@ impl Server {
             }
             self.counters.requests.fetch_add(requests as u64, Relaxed);
             let ads: Vec<u32> = (0..requests).map(|_| self.sample_ad()).collect();
+            if let ServeMode::Leases(policy) = self.config.mode {
+                if stop.is_cancelled() || !self.lease_and_serve(&ads, policy).await {
+                    self.counters.unasked.fetch_add(ads.len() as u64, Relaxed);
+                }
+                continue;
+            }
             for (n, chunk) in ads.chunks(self.config.decision_batch).enumerate() {
                 if stop.is_cancelled() || !self.ask_and_serve(chunk).await {
                     let dropped = ads.len() - n * self.config.decision_batch;
@@ -158,6 +178,7 @@ impl Server {
                 cost,
                 ts,
                 due: Instant::now() + self.config.publish_delay,
+                lease: None,
             };
             if self.tx.send(served).is_err() {
                 return false;
@@ -185,9 +206,168 @@ impl Server {
         Ok(body.decisions)
     }
 
+    /// Lease mode's tick: notes the requests, leases ahead what the book
+    /// wants (one call), then serves each request its ad's lease can pay
+    /// for. False (after backing off) when the pacer could not be asked:
+    /// then nothing of this tick is served.
+    async fn lease_and_serve(&mut self, ads: &[u32], policy: LeasePolicy) -> bool {
+        let mut book = self.leases.take().expect("lease mode has a book");
+        let served = self.lease_and_serve_with(&mut book, ads, policy).await;
+        self.leases = Some(book);
+        served
+    }
+
+    async fn lease_and_serve_with(
+        &mut self,
+        book: &mut LeaseBook,
+        ads: &[u32],
+        policy: LeasePolicy,
+    ) -> bool {
+        let asked = Instant::now();
+        let now_ms = unix_ms();
+        let mut requested = ads.to_vec();
+        requested.sort_unstable();
+        for run in requested.chunk_by(|a, b| a == b) {
+            book.note_requests(run[0], run.len() as u64, now_ms);
+        }
+        requested.dedup();
+        let asks = book.asks(&requested, self.config.decision_batch, now_ms);
+        if !asks.is_empty() {
+            self.counters.lease_calls.fetch_add(1, Relaxed);
+            let grants = match self.lease(&asks, policy).await {
+                Ok(grants) => grants,
+                Err(e) => return self.back_off(e).await,
+            };
+            if let Err(e) = self.record_grants(book, &asks, &grants, unix_ms()) {
+                return self.back_off(e).await;
+            }
+            self.failures = 0;
+        }
+        let ts = unix_ms();
+        for &ad in ads {
+            let cost = sample_cost(&self.config.cost, &mut self.rng);
+            book.note_cost(cost);
+            let record = &mut self.records[ad as usize];
+            let Some(lease) = book.spend(ad, cost, ts) else {
+                record.not_servable += 1;
+                self.counters.not_servable.fetch_add(1, Relaxed);
+                self.counters.refused_no_lease.fetch_add(1, Relaxed);
+                continue;
+            };
+            record.servable += 1;
+            record.served += 1;
+            record.last_servable_asked = Some(asked);
+            record.last_served_asked = Some(asked);
+            self.counters.servable.fetch_add(1, Relaxed);
+            self.counters.served.fetch_add(1, Relaxed);
+            self.counters.served_micros.fetch_add(cost, Relaxed);
+            let served = Served {
+                ad,
+                cost,
+                ts,
+                due: Instant::now() + self.config.publish_delay,
+                lease: Some(lease),
+            };
+            if self.tx.send(served).is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Checks the answer against the asks (same ads, same order) and
+    /// records every grant, counting them; an answer that breaks the
+    /// contract is an error, and none of it is used.
+    fn record_grants(
+        &self,
+        book: &mut LeaseBook,
+        asks: &[(u32, u64)],
+        grants: &[LeaseGrant],
+        now_ms: i64,
+    ) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            grants.len() == asks.len(),
+            "{} leases for {} ads asked",
+            grants.len(),
+            asks.len()
+        );
+        for (&(ad, micros), grant) in asks.iter().zip(grants) {
+            let ad_id = &self.index.ad_ids[ad as usize];
+            anyhow::ensure!(
+                grant.ad_id == *ad_id,
+                "lease for {:?} where {ad_id:?} was asked",
+                grant.ad_id
+            );
+            anyhow::ensure!(
+                grant.granted_micros <= micros,
+                "{ad_id}: granted {} micros, more than the {micros} asked",
+                grant.granted_micros
+            );
+            anyhow::ensure!(
+                grant.granted_micros == 0 || grant.lease_id.is_some(),
+                "{ad_id}: granted {} micros without a lease_id",
+                grant.granted_micros
+            );
+        }
+        let c = &self.counters;
+        for (&(ad, micros), grant) in asks.iter().zip(grants) {
+            c.leases_asked.fetch_add(1, Relaxed);
+            c.lease_micros_asked.fetch_add(micros, Relaxed);
+            match book
+                .grant(ad, micros, grant, now_ms)
+                .map_err(anyhow::Error::msg)?
+            {
+                Granted::Lease(granted) => {
+                    c.leases_granted.fetch_add(1, Relaxed);
+                    c.lease_micros_granted.fetch_add(granted, Relaxed);
+                }
+                Granted::Zero => {
+                    c.leases_zero.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn lease(
+        &self,
+        asks: &[(u32, u64)],
+        policy: LeasePolicy,
+    ) -> anyhow::Result<Vec<LeaseGrant>> {
+        let url = format!("{}/v1/leases", self.config.pacer_url);
+        let body = LeaseRequest {
+            ads: asks
+                .iter()
+                .map(|&(ad, micros)| LeaseAsk {
+                    ad_id: &self.index.ad_ids[ad as usize],
+                    micros,
+                })
+                .collect(),
+            ttl_ms: policy.ttl_ms(),
+        };
+        let mut request = self.http.post(&url).json(&body);
+        if let Some(token) = &self.config.pacer_token {
+            request = request.bearer_auth(token);
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("POST {url}"))?;
+        let status = response.status();
+        if !status.is_success() {
+            let text = response.text().await.unwrap_or_default();
+            anyhow::bail!("POST {url}: {status}: {}", text.trim());
+        }
+        let body: LeaseResponse = response.json().await.context("decoding the leases")?;
+        Ok(body.leases)
+    }
+
     async fn back_off(&mut self, error: anyhow::Error) -> bool {
-        let errors = self.counters.decision_errors.fetch_add(1, Relaxed);
-        if errors == 0 {
+        let errors = match self.config.mode {
+            ServeMode::Decisions => &self.counters.decision_errors,
+            ServeMode::Leases(_) => &self.counters.lease_errors,
+        };
+        if errors.fetch_add(1, Relaxed) == 0 {
             tracing::warn!(error = %format!("{error:#}"), "cannot ask the pacer; serving nothing meanwhile");
         }
         self.failures = (self.failures + 1).min(5);
@@ -209,3 +389,6 @@ fn sample_cost(cost: &CostDistribution, rng: &mut SmallRng) -> u64 {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

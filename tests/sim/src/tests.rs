@@ -70,3 +70,52 @@ fn option_parsers_accept_documented_forms_and_reject_others() {
         assert!(config.validate().is_err(), "{config:?}");
     }
 }
+
+#[test]
+fn serve_takes_the_lease_mode_and_its_settings() {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: cli::ServeArgs,
+    }
+    let parse = |args: &[&str]| {
+        Serve::try_parse_from(std::iter::once("serve").chain(args.iter().copied()))
+            .map(|s| s.args.loop_config())
+    };
+    assert_eq!(parse(&[]).unwrap().mode, ServeMode::Decisions);
+    let config = parse(&[
+        "--mode",
+        "leases",
+        "--lease-ttl-ms",
+        "10000",
+        "--lease-margin-ms",
+        "500",
+        "--lease-ask-share",
+        "0.25",
+    ])
+    .unwrap();
+    assert_eq!(
+        config.mode,
+        ServeMode::Leases(LeasePolicy {
+            ttl: Duration::from_secs(10),
+            margin: Duration::from_millis(500),
+            ask_share: 0.25,
+        })
+    );
+    config.validate().unwrap();
+    assert_eq!(
+        parse(&["--mode", "leases"]).unwrap().mode,
+        ServeMode::Leases(LeasePolicy::default())
+    );
+    assert!(parse(&["--mode", "leases", "--lease-ttl-ms", "999"]).is_err());
+    assert!(parse(&["--mode", "bids"]).is_err());
+    // A margin over half the ttl parses, and the run's check refuses it.
+    let config = parse(&["--mode", "leases", "--lease-ttl-ms", "1000"]).unwrap();
+    assert!(config
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("margin"));
+}

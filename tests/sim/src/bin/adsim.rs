@@ -19,8 +19,9 @@ enum Cli {
     Catalog(cli::CatalogArgs),
     /// Publish impressions and write the truth.
     Run(Box<cli::RunArgs>),
-    /// Ad servers that ask the pacer (POST /v1/decisions) and serve only
-    /// what it allows, over a compressed day; write the truth.
+    /// Ad servers that ask the pacer (POST /v1/decisions, or spend leases
+    /// with --mode leases) and serve only what it allows, over a compressed
+    /// day; write the truth.
     Serve(Box<cli::ServeArgs>),
 }
 
@@ -120,8 +121,12 @@ async fn serve(args: cli::ServeArgs) -> anyhow::Result<()> {
         on_signal.cancel();
     });
     eprintln!(
-        "adsim: {} ad servers asking {} over a {:?} day, peak {} requests/s",
-        config.servers, config.pacer_url, config.day, config.peak_rate
+        "adsim: {} ad servers asking {} by {} over a {:?} day, peak {} requests/s",
+        config.servers,
+        config.pacer_url,
+        config.mode.name(),
+        config.day,
+        config.peak_rate
     );
     let outcome = sim::run_closed_loop(&client, &config, &catalog, cancel, |p| {
         eprintln!("adsim: {}", cli::loop_line(p));
@@ -130,12 +135,8 @@ async fn serve(args: cli::ServeArgs) -> anyhow::Result<()> {
     outcome.truth.save(&args.truth_out)?;
     let p = &outcome.progress;
     eprintln!(
-        "adsim: done: {} requests, {} served for {:.2}, {} refused by the pacer, {} decision calls failed; truth in {}",
-        p.requests,
-        p.served,
-        p.served_micros as f64 / 1e6,
-        p.not_servable,
-        p.decision_errors,
+        "adsim: done: {}; truth in {}",
+        cli::loop_summary(p),
         args.truth_out.display()
     );
     if outcome.truth.stats.messages_failed > 0 {

@@ -118,9 +118,32 @@ struct Args {
     /// Ad requests per second at the day's peak in the pacing section.
     #[arg(long, default_value_t = 1500.0)]
     pacing_peak_rate: f64,
-    /// Added delays (seconds) of the pacing section.
-    #[arg(long, value_delimiter = ',', default_value = "0,1,10")]
+    /// Added (reporting) delays, seconds, of the pacing section [default:
+    /// 0,1,10,30 in the day scenario, 1,5,10,30 in the fast one].
+    #[arg(long, value_delimiter = ',')]
     pacing_delays: Vec<f64>,
+    /// How the pacing section's ad servers ask the pacer, side by side:
+    /// decisions (POST /v1/decisions) and leases (POST /v1/leases).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "decisions,leases"
+    )]
+    pacing_modes: Vec<adspend_sim::cli::ModeArg>,
+    /// The pacing algorithms (ADSPEND_PACER_ALGORITHM) of the pacing section.
+    #[arg(long, value_delimiter = ',', value_parser = ["adspend", "baseline"],
+          default_value = "adspend,baseline")]
+    pacing_algorithms: Vec<String>,
+    /// The pacing section's scenario: day (a compressed day over the
+    /// generated catalog) or fast (20 budgets of 2,000 impressions spent
+    /// within seconds; prints the worst overspend per mode and delay).
+    #[arg(long, value_enum, default_value = "day")]
+    pacing_scenario: adspend_bench::pacing::Scenario,
+    /// The ttl_ms of the leases of the pacing section's lease mode.
+    #[arg(long, default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1_000..=600_000))]
+    pacing_lease_ttl_ms: u64,
     /// Events per second of each source of the fair section while steady.
     #[arg(long, default_value_t = 30_000.0)]
     fair_rate: f64,
