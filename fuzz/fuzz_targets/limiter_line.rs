@@ -13,11 +13,11 @@
 
 use std::sync::OnceLock;
 
-use adspend_limiter::dead_letter;
 use adspend_limiter::emit::{Input, Output};
-use adspend_limiter::validate::{parse_line, Impression, Rejection};
 use adspend_wire::catalog::Catalog;
 use adspend_wire::codec::decode_spend;
+use adspend_wire::dead_letter;
+use adspend_wire::impression::{parse_line, Impression, Rejection};
 use adspend_wire::types::{MsgId, SpendMessage, MAX_ID_LEN};
 use libfuzzer_sys::fuzz_target;
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};

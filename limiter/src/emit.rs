@@ -6,11 +6,14 @@ use std::sync::Arc;
 
 use adspend_common::catalog::Catalog;
 use adspend_common::codec::encode_spend_ref;
-use adspend_common::types::{MsgId, SpendBatchRef, SpendMessageRef, SpendTuple};
+use adspend_common::types::{Micros, MsgId, SpendBatchRef, SpendMessageRef, SpendTuple};
+use adspend_wire::dead_letter::{DeadLetter, Overflow};
+use adspend_wire::impression::{parse_line, Reason, Rejection};
 use rustc_hash::FxHashMap;
 
-use crate::dead_letter::{DeadLetter, Overflow};
-use crate::validate::{parse_line, Reason};
+/// Default ceiling of one impression's cost (one million currency units):
+/// far above any real impression, far below what could overflow a sum.
+pub const DEFAULT_MAX_COST_MICROS: Micros = 1_000_000_000_000;
 
 /// An input message: its bytes and where it sits in `IMPRESSIONS`.
 pub struct Input<'a> {
@@ -111,7 +114,7 @@ impl Output {
     pub fn new(partitions: u32) -> Self {
         Output {
             partitions: (0..partitions).map(|_| PartitionOut::default()).collect(),
-            max_cost_micros: crate::validate::DEFAULT_MAX_COST_MICROS,
+            max_cost_micros: DEFAULT_MAX_COST_MICROS,
             ..Default::default()
         }
     }
@@ -156,15 +159,13 @@ impl Output {
                 continue;
             }
             let rejection = match parse_line(line) {
-                Ok(impression) if impression.cost_micros > self.max_cost_micros => {
-                    crate::validate::Rejection {
-                        reason: Reason::CostTooLarge,
-                        detail: format!(
-                            "cost_micros {} is above the ceiling {} (ADSPEND_MAX_COST_MICROS)",
-                            impression.cost_micros, self.max_cost_micros
-                        ),
-                    }
-                }
+                Ok(impression) if impression.cost_micros > self.max_cost_micros => Rejection {
+                    reason: Reason::CostTooLarge,
+                    detail: format!(
+                        "cost_micros {} is above the ceiling {} (ADSPEND_MAX_COST_MICROS)",
+                        impression.cost_micros, self.max_cost_micros
+                    ),
+                },
                 Ok(impression) => match catalog.limits_of_ad(&impression.ad_id) {
                     Some(limits) => {
                         self.impressions += 1;
@@ -184,7 +185,7 @@ impl Output {
                         }
                         continue;
                     }
-                    None => crate::validate::Rejection {
+                    None => Rejection {
                         reason: Reason::UnknownAd,
                         detail: format!("ad {:?} is not in the catalog", impression.ad_id),
                     },
@@ -319,10 +320,10 @@ mod tests {
             },
             &catalog(),
         );
-        let per_message = crate::dead_letter::PER_MESSAGE as usize;
+        let per_message = adspend_wire::dead_letter::PER_MESSAGE as usize;
         assert_eq!(out.dead_letters.len(), per_message + 1);
         let summary = out.dead_letters.last().unwrap();
-        assert_eq!(summary.reason, crate::dead_letter::SUMMARY_REASON);
+        assert_eq!(summary.reason, adspend_wire::dead_letter::SUMMARY_REASON);
         assert!(
             summary.detail.contains("5000 more rejected lines"),
             "{}",
