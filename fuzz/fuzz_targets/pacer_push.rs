@@ -15,9 +15,8 @@
 
 use std::collections::HashMap;
 
-use adspend_pacer::ingest::decode_push;
 use adspend_pacer::state::SpendState;
-use adspend_wire::codec::{decode_sums, encode_sums};
+use adspend_wire::codec::{decode_push, decode_sums, encode_sums};
 use adspend_wire::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET, MAX_ID_LEN};
 use arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
