@@ -1,4 +1,5 @@
 use super::*;
+use proptest::prelude::*;
 
 fn catalog() -> Catalog {
     Catalog::parse(
@@ -213,4 +214,162 @@ fn lines_without_a_valid_ts_do_not_move_the_source_time() {
         chunk_source_ms(published, out.oldest_ts_ms),
         1_700_000_008_000
     );
+}
+
+/// A low ceiling, so that generated costs meet `cost_too_large` often.
+const MAX_COST: u64 = 5_000_000;
+
+/// The example catalog: ads `ad-1` and `ad-2`, each with three limits of
+/// both periods in two time zones.
+fn example_catalog() -> Catalog {
+    Catalog::parse(
+        "example",
+        include_bytes!("../../../deploy/catalog.example.json"),
+    )
+    .unwrap()
+}
+
+/// One line of a payload: mostly events (of the catalog's ads or an
+/// unknown one, costs around the ceiling, ids that repeat), else blank,
+/// `not json` or any bytes (which may hold line breaks of their own).
+fn line() -> impl Strategy<Value = Vec<u8>> {
+    let event = (
+        prop_oneof!["i-[0-9]", "[a-zA-Z0-9-]{1,64}"],
+        prop_oneof![4 => Just("ad-1"), 4 => Just("ad-2"), 1 => Just("ad-9")],
+        prop_oneof![
+            4 => 0..=MAX_COST,
+            1 => MAX_COST..=MAX_COST + 2,
+            1 => any::<u64>(),
+        ],
+        prop_oneof![
+            4 => 1_600_000_000_000i64..1_900_000_000_000,
+            1 => any::<i64>(),
+        ],
+    )
+        .prop_map(|(id, ad, cost, ts)| {
+            serde_json::json!({"id": id, "ad_id": ad, "cost_micros": cost, "ts": ts})
+                .to_string()
+                .into_bytes()
+        });
+    prop_oneof![
+        8 => event,
+        1 => "[ \t]{0,3}".prop_map(String::into_bytes),
+        1 => Just(b"not json".to_vec()),
+        1 => prop::collection::vec(any::<u8>(), 0..80),
+    ]
+}
+
+/// An NDJSON payload: lines ended by `\n` or `\r\n` (the last one maybe
+/// not ended), then sometimes enough bad lines to pass
+/// [`adspend_wire::dead_letter::PER_MESSAGE`].
+fn payload() -> impl Strategy<Value = Vec<u8>> {
+    (
+        prop::collection::vec((line(), any::<bool>()), 0..40),
+        any::<bool>(),
+        prop_oneof![3 => Just(0usize), 1 => 90usize..130],
+    )
+        .prop_map(|(lines, ended, bad)| {
+            let mut payload = Vec::new();
+            for (line, crlf) in lines {
+                payload.extend_from_slice(&line);
+                payload.extend_from_slice(if crlf { b"\r\n" } else { b"\n" });
+            }
+            payload.extend(b"{\"id\":1}\n".repeat(bad));
+            if !ended {
+                payload.pop();
+            }
+            payload
+        })
+}
+
+/// A spend tuple by its limit's id rather than its index.
+type Named = (String, u32, u64, MsgId);
+
+/// What `Output::add` must make of `payload`, worked out line by line from
+/// the parser and the catalog: the non-blank lines, the impressions mapped
+/// to spend, and their tuples (one per catalog limit of the ad).
+fn expected(payload: &[u8], catalog: &Catalog) -> (u64, u64, Vec<Named>) {
+    let (mut lines, mut accepted, mut tuples) = (0, 0, Vec::new());
+    for raw in payload.split(|&b| b == b'\n') {
+        let line = raw.strip_suffix(b"\r").unwrap_or(raw);
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        lines += 1;
+        let Ok(impression) = parse_line(line) else {
+            continue;
+        };
+        let limits = catalog.limits_of_ad(&impression.ad_id);
+        let (Some(limits), true) = (limits, impression.cost_micros <= MAX_COST) else {
+            continue;
+        };
+        accepted += 1;
+        for limit in limits {
+            tuples.push((
+                limit.id.to_string(),
+                limit.bucket_of(impression.ts_ms),
+                impression.cost_micros,
+                MsgId::derive(&limit.id, &impression.id),
+            ));
+        }
+    }
+    (lines, accepted, tuples)
+}
+
+proptest! {
+    /// Every non-blank line is counted once, as an impression or a
+    /// rejection, and dead-lettered when rejected (one letter a line up to
+    /// the cap, the rest in one summary); every tuple costs at most the
+    /// ceiling and is one of a catalog limit of its line's ad; the SPEND
+    /// messages of each partition decode to exactly its tuples.
+    #[test]
+    fn every_line_is_counted_and_every_tuple_belongs_to_its_ad(payload in payload()) {
+        use adspend_common::codec::decode_spend;
+        use adspend_common::types::SpendMessage;
+        use adspend_wire::dead_letter::{LINE_BYTES, PER_MESSAGE};
+
+        let catalog = example_catalog();
+        let mut out = Output::new(4).with_max_cost(MAX_COST);
+        out.add(&Input { stream_seq: 7, payload: &payload }, &catalog);
+        let (lines, accepted, mut tuples) = expected(&payload, &catalog);
+
+        let rejected: u64 = out.rejected.iter().map(|(_, n)| n).sum();
+        prop_assert_eq!(out.impressions, accepted);
+        prop_assert_eq!(out.impressions + rejected, lines, "every non-blank line counted once");
+        let per_message = u64::from(PER_MESSAGE);
+        let letters = rejected.min(per_message) + u64::from(rejected > per_message);
+        prop_assert_eq!(out.dead_letters.len() as u64, letters, "dead letters");
+        for letter in &out.dead_letters {
+            let json = serde_json::to_vec(letter).unwrap();
+            prop_assert!(json.len() < 40_000, "a dead letter of {} bytes", json.len());
+            prop_assert!(letter.line.len() <= LINE_BYTES);
+        }
+
+        let mut emitted = Vec::new();
+        for partition in &out.partitions {
+            let mut own: Vec<Named> = Vec::new();
+            for tuple in &partition.tuples {
+                let limit = partition.limit_of(tuple);
+                prop_assert!(tuple.cost_micros <= MAX_COST, "a tuple above the ceiling");
+                prop_assert!(catalog.limit(limit).is_some(), "a tuple for unknown limit {}", limit);
+                own.push((limit.to_string(), tuple.bucket, tuple.cost_micros, tuple.msg_id));
+            }
+            let mut decoded: Vec<Named> = Vec::new();
+            for (message, count) in partition.encode(3, 1) {
+                let SpendMessage::Batch(batch) = decode_spend(&message).unwrap() else {
+                    panic!("a batch encoded as a marker");
+                };
+                prop_assert!(batch.tuples.len() <= 3);
+                prop_assert_eq!(batch.tuples.len(), count);
+                for t in &batch.tuples {
+                    decoded.push((batch.limit_of(t).to_string(), t.bucket, t.cost_micros, t.msg_id));
+                }
+            }
+            prop_assert_eq!(&decoded, &own, "SPEND round trip of the emitted tuples");
+            emitted.extend(own);
+        }
+        emitted.sort();
+        tuples.sort();
+        prop_assert_eq!(emitted, tuples, "one tuple per catalog limit of each mapped line's ad");
+    }
 }
