@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use adspend_common::catalog::Catalog;
-use adspend_common::codec::encode_spend_ref;
-use adspend_common::types::{Micros, MsgId, SpendBatchRef, SpendMessageRef, SpendTuple};
+use adspend_wire::catalog::Catalog;
+use adspend_wire::codec::encode_spend_ref;
 use adspend_wire::dead_letter::{DeadLetter, Overflow};
 use adspend_wire::impression::{parse_line, Reason, Rejection};
+use adspend_wire::types::{Micros, MsgId, SpendBatchRef, SpendMessageRef, SpendTuple};
 use rustc_hash::FxHashMap;
 
 /// Default ceiling of one impression's cost (one million currency units):

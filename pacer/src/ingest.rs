@@ -6,12 +6,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use adspend_common::catalog::Catalog;
 use adspend_common::nats::{SUMS_RESYNC_SUBJECT, SUMS_SUBJECT_PREFIX};
 use adspend_common::telemetry::{
     PACER_FRESHNESS_SECONDS, PACER_LAG_SECONDS, PACER_RESYNCS_TOTAL, PACER_STALE_UPDATES_TOTAL,
     PACER_UPDATES_TOTAL,
 };
+use adspend_wire::catalog::Catalog;
 use adspend_wire::codec::decode_push;
 use chrono::Offset;
 use futures::StreamExt;

@@ -199,7 +199,7 @@ const HISTORY_EVERY: u64 = 10;
 async fn ticker(
     spend: Arc<RwLock<state::SpendState>>,
     reports: Arc<std::sync::Mutex<sources::SourceReports>>,
-    catalog: tokio::sync::watch::Receiver<Arc<adspend_common::catalog::Catalog>>,
+    catalog: tokio::sync::watch::Receiver<Arc<adspend_wire::catalog::Catalog>>,
     shutdown: CancellationToken,
 ) {
     let gains = controller::Gains::default();

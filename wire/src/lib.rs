@@ -11,8 +11,8 @@
 //! does the period arithmetic the limiter and the pacer must agree on.
 //! Errors are [`Error`].
 //!
-//! `adspend-common` re-exports these modules under the same names, with the
-//! NATS, etcd and runtime plumbing around them; the fuzz targets link this
+//! Every crate imports these modules from here (`adspend-common` holds the
+//! NATS, etcd and runtime plumbing around them); the fuzz targets link this
 //! crate alone.
 
 pub mod catalog;

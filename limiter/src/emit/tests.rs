@@ -73,11 +73,11 @@ fn maps_good_lines_and_dead_letters_bad_ones() {
         .flat_map(|p| p.tuples.iter().map(move |t| (p.limit_of(t), t)))
         .collect();
     let (_, s) = all.iter().find(|(l, _)| *l == "s").unwrap();
-    assert_eq!(s.bucket, adspend_common::types::LIFETIME_BUCKET);
+    assert_eq!(s.bucket, adspend_wire::types::LIFETIME_BUCKET);
     assert_eq!(s.msg_id, MsgId::derive("s", "i1"));
     let (_, c) = all.iter().find(|(l, _)| *l == "c").unwrap();
     assert_eq!(
-        adspend_common::catalog::bucket_date(c.bucket)
+        adspend_wire::catalog::bucket_date(c.bucket)
             .unwrap()
             .to_string(),
         "2023-11-15"
@@ -324,8 +324,8 @@ proptest! {
     /// messages of each partition decode to exactly its tuples.
     #[test]
     fn every_line_is_counted_and_every_tuple_belongs_to_its_ad(payload in payload()) {
-        use adspend_common::codec::decode_spend;
-        use adspend_common::types::SpendMessage;
+        use adspend_wire::codec::decode_spend;
+        use adspend_wire::types::SpendMessage;
         use adspend_wire::dead_letter::{LINE_BYTES, PER_MESSAGE};
 
         let catalog = example_catalog();

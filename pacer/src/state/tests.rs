@@ -1,5 +1,5 @@
 use super::*;
-use adspend_common::types::SumEntry;
+use adspend_wire::types::SumEntry;
 use proptest::prelude::*;
 
 fn update(epoch: u64, seq: u64, push_seq: u64, lifetime: u64) -> SumsUpdate {
