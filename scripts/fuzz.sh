@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fuzzes the parsers with cargo-fuzz (libFuzzer): the limiter's line validator,
-# the SPEND decoder, the pacer's push decoder and the catalog parser
+# Fuzzes the parsers of the wire crate with cargo-fuzz (libFuzzer): the
+# impression line parser and its dead letters, the SPEND decoder, the push
+# decoder and the catalog parser. The targets link adspend-wire alone
 # (docs/FUZZING.md says what each target checks).
 #
 #   bash scripts/fuzz.sh [--seconds N] [target...]   N seconds per target (default 60)

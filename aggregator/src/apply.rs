@@ -11,7 +11,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use adspend_common::types::SpendMessage;
+use adspend_wire::types::SpendMessage;
 use tokio::sync::{mpsc, watch};
 
 use crate::checkpoint::delta::Changes;
@@ -23,7 +23,7 @@ use crate::fence::Validity;
 pub use crate::handoff::{CheckpointRequest, Dirty, DirtyState, Incoming};
 use crate::store::Store;
 #[cfg(test)] // named by the tests through `super::*`
-use {crate::store::parse_lifetime, adspend_common::types::LIFETIME_BUCKET};
+use {crate::store::parse_lifetime, adspend_wire::types::LIFETIME_BUCKET};
 
 use self::accumulate::Pass;
 

@@ -4,7 +4,7 @@
 
 use std::sync::Mutex;
 
-use adspend_common::types::{SpendMessage, SumEntry};
+use adspend_wire::types::{SpendMessage, SumEntry};
 use rustc_hash::FxHashMap;
 
 /// A message read from `SPEND`.

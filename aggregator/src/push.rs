@@ -7,10 +7,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use adspend_common::codec::encode_sums;
 use adspend_common::nats::{progress_subject, sums_subject, Progress, SUMS_RESYNC_SUBJECT};
 use adspend_common::telemetry::SUMS_PUSHES_TOTAL;
-use adspend_common::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET};
+use adspend_wire::codec::encode_sums;
+use adspend_wire::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 

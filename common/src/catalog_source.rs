@@ -10,11 +10,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use adspend_wire::catalog::Catalog;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::telemetry::{CATALOG_ERRORS_TOTAL, CATALOG_RELOADS_TOTAL};
 

@@ -1,15 +1,16 @@
 //! What the adspend services share.
 //!
 //! Data flows: ad-server impressions → `limiter` (validates against the
-//! [`catalog`], emits [`types::SpendTuple`]s encoded by [`codec`] onto the
-//! JetStream streams of [`nats`]) → `aggregator` (sums in LMDB, snapshots
-//! and checkpoint records, which only it uses and so keeps) → `pacer` (reads
-//! [`types::SumsUpdate`] pushes; the limiter also reports its per-source
-//! scheduling to the pacer as [`source_report::SourcesReport`]s).
-//! [`config`], [`telemetry`], [`failpoint`] and the signal handling of
-//! `shutdown` are the same plumbing in every service, [`service`] is the
-//! `main` they share and [`env`] names every setting. The wire format and
-//! catalog are `adspend-wire`'s, re-exported here under their old paths.
+//! catalog, emits spend tuples onto the JetStream streams of [`nats`]) →
+//! `aggregator` (sums in LMDB, snapshots and checkpoint records, which only
+//! it uses and so keeps) → `pacer` (reads sums pushes; the limiter also
+//! reports its per-source scheduling to the pacer). The records, their codec
+//! and the catalog are `adspend-wire`'s, which every crate imports directly;
+//! this crate holds the plumbing around them: [`catalog_source`] watches the
+//! catalog, [`etcd`] and [`nats`] are the backends, [`config`],
+//! [`telemetry`], [`failpoint`] and the signal handling of `shutdown` are the
+//! same in every service, [`service`] is the `main` they share and [`env`]
+//! names every setting.
 
 pub mod catalog_source;
 pub mod config;
@@ -21,10 +22,6 @@ pub mod nats;
 pub mod service;
 pub(crate) mod shutdown;
 pub mod telemetry;
-
-// The wire format and catalog live in `adspend-wire` (no network or runtime
-// dependencies); their paths under this crate stay as they were.
-pub use adspend_wire::{catalog, codec, source_report, types};
 
 pub use error::{Error, Result};
 

@@ -31,7 +31,7 @@ pub const SUMS_SUBJECT_PREFIX: &str = "adspend.sums";
 /// Core NATS subject on which a pacer asks every aggregator for its full state.
 pub const SUMS_RESYNC_SUBJECT: &str = "adspend.resync";
 /// Core NATS subject of the limiters' per-source reports (limiter → pacer,
-/// [`crate::source_report`]).
+/// `adspend_wire::source_report`).
 pub const SOURCES_SUBJECT: &str = "adspend.sources";
 
 /// Core NATS subject prefix of the aggregators' progress reports

@@ -1,6 +1,6 @@
 //! Writes the seed corpus: valid examples of what each fuzz target reads,
-//! made with the services' own encoders, plus a few of the rejections the
-//! unit tests name. Run from the repository root:
+//! made with the wire crate's own parser and encoders, plus a few of the
+//! rejections the unit tests name. Run from the repository root:
 //!
 //!     cargo run --manifest-path fuzz/Cargo.toml --example seeds
 //!
@@ -10,10 +10,13 @@
 use std::fs;
 use std::path::Path;
 
-use adspend_limiter::emit::{Input, Output};
 use adspend_wire::catalog::Catalog;
 use adspend_wire::codec::{encode_spend, encode_sums};
-use adspend_wire::types::{CheckpointMarker, SpendMessage, SumEntry, SumsUpdate, LIFETIME_BUCKET};
+use adspend_wire::impression::parse_line;
+use adspend_wire::types::{
+    CheckpointMarker, MsgId, SpendBatch, SpendMessage, SpendTuple, SumEntry, SumsUpdate,
+    LIFETIME_BUCKET,
+};
 
 const CATALOG: &str = include_str!("../../deploy/catalog.example.json");
 
@@ -131,6 +134,59 @@ garbage\n\
    \n\
 {\"id\":\"i-1\",\"ad_id\":\"ad-1\",\"cost_micros\":1500,\"ts\":1700000000000}\n";
 
+/// The SPEND batches of an NDJSON payload, as the limiter maps it: each
+/// accepted line of an ad in the catalog gives one tuple per limit of its
+/// ad; `per_message` tuples a batch, each carrying the limit ids it uses.
+/// (Unlike the limiter, this spreads nothing over partitions.)
+fn spend_batches(
+    catalog: &Catalog,
+    payload: &str,
+    per_message: usize,
+    source_ms: i64,
+) -> Vec<Vec<u8>> {
+    let mut spend = Vec::new();
+    for line in payload.lines() {
+        let Ok(impression) = parse_line(line.as_bytes()) else {
+            continue;
+        };
+        for limit in catalog.limits_of_ad(&impression.ad_id).unwrap_or_default() {
+            spend.push((
+                limit.id.to_string(),
+                limit.bucket_of(impression.ts_ms),
+                impression.cost_micros,
+                MsgId::derive(&limit.id, &impression.id),
+            ));
+        }
+    }
+    spend
+        .chunks(per_message)
+        .map(|chunk| {
+            let mut limits: Vec<String> = Vec::new();
+            let mut tuples = Vec::new();
+            for (limit, bucket, cost_micros, msg_id) in chunk {
+                let index = match limits.iter().position(|l| l == limit) {
+                    Some(index) => index,
+                    None => {
+                        limits.push(limit.clone());
+                        limits.len() - 1
+                    }
+                };
+                tuples.push(SpendTuple {
+                    limit: index as u32,
+                    bucket: *bucket,
+                    cost_micros: *cost_micros,
+                    msg_id: *msg_id,
+                });
+            }
+            encode_spend(&SpendMessage::Batch(SpendBatch {
+                source_ms,
+                limits,
+                tuples,
+            }))
+        })
+        .collect()
+}
+
 fn write(target: &str, name: &str, bytes: &[u8]) {
     let dir = Path::new("fuzz/corpus").join(target);
     fs::create_dir_all(&dir).expect("corpus directory");
@@ -150,23 +206,12 @@ fn main() {
     }
     write("limiter_line", "batch", BATCH.as_bytes());
 
-    // spend_decode: what the limiter emits for the batch, and markers.
-    let mut out = Output::new(4).with_max_cost(5_000_000);
-    out.add(
-        &Input {
-            stream_seq: 1,
-            payload: BATCH.as_bytes(),
-        },
-        &catalog,
-    );
-    let mut n = 0;
-    for partition in &out.partitions {
-        for message in partition.encode(2, 1_700_000_000_000) {
-            write("spend_decode", &format!("limiter-batch-{n}"), &message);
-            n += 1;
-        }
+    // spend_decode: the spend of the batch, and markers.
+    let batches = spend_batches(&catalog, BATCH, 2, 1_700_000_000_000);
+    assert!(!batches.is_empty(), "the batch makes spend");
+    for (n, message) in batches.iter().enumerate() {
+        write("spend_decode", &format!("limiter-batch-{n}"), message);
     }
-    assert!(n > 0, "the batch makes spend");
     let marker = |marker_id, partition, emitted_ms| {
         encode_spend(&SpendMessage::Marker(CheckpointMarker {
             marker_id,

@@ -15,14 +15,11 @@
 use std::sync::Arc;
 
 use adspend_wire::catalog::{day_start, local_day, Catalog, Limit, Period};
+use adspend_wire::impression::MAX_TS_MS;
 use adspend_wire::types::{LIFETIME_BUCKET, MAX_ID_LEN};
 use chrono::{DateTime, NaiveDate};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Map, Value};
-
-/// validate.rs's latest accepted event time (9999-12-31): the limiter books
-/// no event outside 0..=MAX_TS_MS.
-const MAX_TS_MS: i64 = 253_402_300_799_999;
 
 fn id_ok(id: &str) -> bool {
     (1..=MAX_ID_LEN).contains(&id.len())
@@ -61,6 +58,7 @@ fn seeds(data: &[u8]) -> (i64, u32) {
     });
     let ts = doc.get("ts").and_then(Value::as_i64).unwrap_or(hash as i64);
     let day = doc.get("day").and_then(Value::as_u64).unwrap_or(hash >> 40);
+    // The limiter books no event outside 0..=MAX_TS_MS (the line parser's).
     (ts.rem_euclid(MAX_TS_MS + 1), (day % 80_000) as u32)
 }
 

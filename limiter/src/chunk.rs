@@ -10,13 +10,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use adspend_common::catalog::Catalog;
 use adspend_common::nats::spend_subject;
 use adspend_common::telemetry::{
     IMPRESSIONS_TOTAL, MARKERS_TOTAL, REDELIVERED_IMPRESSIONS_TOTAL, REJECTED_TOTAL,
     SPEND_MESSAGES_TOTAL, TUPLES_EMITTED_TOTAL,
 };
 use adspend_common::{failpoint, now_ms};
+use adspend_wire::catalog::Catalog;
 use async_nats::jetstream::{self, consumer};
 use async_nats::HeaderMap;
 use tokio::sync::watch;

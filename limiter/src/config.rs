@@ -46,7 +46,7 @@ pub struct Config {
     /// lettered with reason cost_too_large (a sum of u64 micros must never
     /// overflow on hostile input).
     #[arg(long, env = env::MAX_COST_MICROS,
-          default_value_t = crate::validate::DEFAULT_MAX_COST_MICROS,
+          default_value_t = crate::emit::DEFAULT_MAX_COST_MICROS,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_cost_micros: u64,
     /// How input is pulled from IMPRESSIONS: `fair` (one consumer per

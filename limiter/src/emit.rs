@@ -4,13 +4,16 @@
 
 use std::sync::Arc;
 
-use adspend_common::catalog::Catalog;
-use adspend_common::codec::encode_spend_ref;
-use adspend_common::types::{MsgId, SpendBatchRef, SpendMessageRef, SpendTuple};
+use adspend_wire::catalog::Catalog;
+use adspend_wire::codec::encode_spend_ref;
+use adspend_wire::dead_letter::{DeadLetter, Overflow};
+use adspend_wire::impression::{parse_line, Reason, Rejection};
+use adspend_wire::types::{Micros, MsgId, SpendBatchRef, SpendMessageRef, SpendTuple};
 use rustc_hash::FxHashMap;
 
-use crate::dead_letter::{DeadLetter, Overflow};
-use crate::validate::{parse_line, Reason};
+/// Default ceiling of one impression's cost (one million currency units):
+/// far above any real impression, far below what could overflow a sum.
+pub const DEFAULT_MAX_COST_MICROS: Micros = 1_000_000_000_000;
 
 /// An input message: its bytes and where it sits in `IMPRESSIONS`.
 pub struct Input<'a> {
@@ -111,7 +114,7 @@ impl Output {
     pub fn new(partitions: u32) -> Self {
         Output {
             partitions: (0..partitions).map(|_| PartitionOut::default()).collect(),
-            max_cost_micros: crate::validate::DEFAULT_MAX_COST_MICROS,
+            max_cost_micros: DEFAULT_MAX_COST_MICROS,
             ..Default::default()
         }
     }
@@ -156,15 +159,13 @@ impl Output {
                 continue;
             }
             let rejection = match parse_line(line) {
-                Ok(impression) if impression.cost_micros > self.max_cost_micros => {
-                    crate::validate::Rejection {
-                        reason: Reason::CostTooLarge,
-                        detail: format!(
-                            "cost_micros {} is above the ceiling {} (ADSPEND_MAX_COST_MICROS)",
-                            impression.cost_micros, self.max_cost_micros
-                        ),
-                    }
-                }
+                Ok(impression) if impression.cost_micros > self.max_cost_micros => Rejection {
+                    reason: Reason::CostTooLarge,
+                    detail: format!(
+                        "cost_micros {} is above the ceiling {} (ADSPEND_MAX_COST_MICROS)",
+                        impression.cost_micros, self.max_cost_micros
+                    ),
+                },
                 Ok(impression) => match catalog.limits_of_ad(&impression.ad_id) {
                     Some(limits) => {
                         self.impressions += 1;
@@ -184,7 +185,7 @@ impl Output {
                         }
                         continue;
                     }
-                    None => crate::validate::Rejection {
+                    None => Rejection {
                         reason: Reason::UnknownAd,
                         detail: format!("ad {:?} is not in the catalog", impression.ad_id),
                     },
@@ -208,222 +209,4 @@ impl Output {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn catalog() -> Catalog {
-        Catalog::parse(
-            "test",
-            br#"{"limits":{"c":{"budget_micros":10,"period":"daily","time_zone":"Asia/Kolkata"},
-                           "s":{"budget_micros":10,"period":"lifetime","parent":"c"}},
-                 "ads":{"ad-1":["s","c"]}}"#,
-        )
-        .unwrap()
-    }
-
-    #[test]
-    fn costs_above_the_ceiling_are_dead_lettered() {
-        let payload =
-            b"{\"id\":\"i1\",\"ad_id\":\"ad-1\",\"cost_micros\":18446744073709551615,\"ts\":1}\n\
-                        {\"id\":\"i2\",\"ad_id\":\"ad-1\",\"cost_micros\":1000,\"ts\":1}\n\
-                        {\"id\":\"i3\",\"ad_id\":\"ad-1\",\"cost_micros\":1001,\"ts\":1}\n";
-        let input = Input {
-            stream_seq: 3,
-            payload,
-        };
-        let mut out = Output::new(4).with_max_cost(1000);
-        out.add(&input, &catalog());
-        assert_eq!(
-            out.impressions, 1,
-            "only the impression at the ceiling passes"
-        );
-        let reasons: Vec<_> = out
-            .dead_letters
-            .iter()
-            .map(|d| (d.reason, d.line_no))
-            .collect();
-        assert_eq!(reasons, vec![("cost_too_large", 0), ("cost_too_large", 2)]);
-        assert!(out.dead_letters[0]
-            .detail
-            .contains("ADSPEND_MAX_COST_MICROS"));
-        assert_eq!(out.rejected, vec![(Reason::CostTooLarge, 2)]);
-        // The default ceiling stops the largest integer the contract allows.
-        let mut default = Output::new(4);
-        default.add(&input, &catalog());
-        assert_eq!(default.dead_letters.len(), 1);
-        assert_eq!(default.impressions, 2);
-    }
-
-    #[test]
-    fn maps_good_lines_and_dead_letters_bad_ones() {
-        let payload =
-            b"{\"id\":\"i1\",\"ad_id\":\"ad-1\",\"cost_micros\":7,\"ts\":1700000000000}\n\
-                        garbage\n\
-                        \n\
-                        {\"id\":\"i2\",\"ad_id\":\"nope\",\"cost_micros\":7,\"ts\":1}\n";
-        let mut out = Output::new(4);
-        out.add(
-            &Input {
-                stream_seq: 9,
-                payload,
-            },
-            &catalog(),
-        );
-        assert_eq!(out.impressions, 1);
-        assert_eq!(out.tuples(), 2);
-        let reasons: Vec<_> = out
-            .dead_letters
-            .iter()
-            .map(|d| (d.reason, d.line_no))
-            .collect();
-        assert_eq!(reasons, vec![("invalid_json", 1), ("unknown_ad", 3)]);
-        assert_eq!(out.dead_letters[0].msg_id(), "9-1");
-        let all: Vec<(&str, &SpendTuple)> = out
-            .partitions
-            .iter()
-            .flat_map(|p| p.tuples.iter().map(move |t| (p.limit_of(t), t)))
-            .collect();
-        let (_, s) = all.iter().find(|(l, _)| *l == "s").unwrap();
-        assert_eq!(s.bucket, adspend_common::types::LIFETIME_BUCKET);
-        assert_eq!(s.msg_id, MsgId::derive("s", "i1"));
-        let (_, c) = all.iter().find(|(l, _)| *l == "c").unwrap();
-        assert_eq!(
-            adspend_common::catalog::bucket_date(c.bucket)
-                .unwrap()
-                .to_string(),
-            "2023-11-15"
-        );
-        // The same input maps to the same output: a re-emit carries the same ids.
-        let mut again = Output::new(4);
-        again.add(
-            &Input {
-                stream_seq: 9,
-                payload,
-            },
-            &catalog(),
-        );
-        let encoded = |o: &Output| -> Vec<Vec<(Vec<u8>, usize)>> {
-            o.partitions.iter().map(|p| p.encode(1, 5)).collect()
-        };
-        assert_eq!(encoded(&again), encoded(&out));
-    }
-    #[test]
-    fn one_message_of_many_bad_lines_gives_a_bounded_number_of_dead_letters() {
-        // 5,100 lines: past what the NATS client lets await acknowledgement.
-        let payload = "not json\n".repeat(5_100);
-        let mut out = Output::new(4);
-        out.add(
-            &Input {
-                stream_seq: 5,
-                payload: payload.as_bytes(),
-            },
-            &catalog(),
-        );
-        let per_message = crate::dead_letter::PER_MESSAGE as usize;
-        assert_eq!(out.dead_letters.len(), per_message + 1);
-        let summary = out.dead_letters.last().unwrap();
-        assert_eq!(summary.reason, crate::dead_letter::SUMMARY_REASON);
-        assert!(
-            summary.detail.contains("5000 more rejected lines"),
-            "{}",
-            summary.detail
-        );
-        assert_eq!(
-            out.rejected,
-            vec![(Reason::InvalidJson, 5_100)],
-            "every line counted"
-        );
-    }
-
-    /// The chunk's `source_ms` for lines of the given `ts` values (as JSON
-    /// text), published at `published_ms`.
-    fn source_of(published_ms: i64, ts: &[&str]) -> (i64, Option<i64>) {
-        let payload: String = ts
-            .iter()
-            .enumerate()
-            .map(|(n, ts)| {
-                format!("{{\"id\":\"i{n}\",\"ad_id\":\"ad-1\",\"cost_micros\":1,\"ts\":{ts}}}\n")
-            })
-            .collect();
-        let mut out = Output::new(4);
-        out.add(
-            &Input {
-                stream_seq: 1,
-                payload: payload.as_bytes(),
-            },
-            &catalog(),
-        );
-        (
-            chunk_source_ms(published_ms, out.oldest_ts_ms),
-            out.oldest_ts_ms,
-        )
-    }
-
-    #[test]
-    fn the_oldest_ts_of_a_chunk_is_its_source_time_when_older_than_the_publish() {
-        // Served 10 s and 4 s before the stream took them: the older counts.
-        let published = 1_700_000_010_000;
-        assert_eq!(
-            source_of(published, &["1700000006000", "1700000000000"]),
-            (1_700_000_000_000, Some(1_700_000_000_000))
-        );
-        // A replayed backlog days old shows as days of lag.
-        let days_old = published - 3 * 86_400_000;
-        assert_eq!(source_of(published, &[&days_old.to_string()]).0, days_old);
-    }
-
-    #[test]
-    fn a_ts_ahead_of_the_publish_time_leaves_the_publish_time() {
-        let published = 1_700_000_010_000;
-        // An ad server's clock a little or far ahead: never later than the publish.
-        for ahead in [1, 500, 3_600_000, 10 * 365 * 86_400_000i64] {
-            let ts = (published + ahead).to_string();
-            assert_eq!(
-                source_of(published, &[&ts]).0,
-                published,
-                "ts {ahead} ms ahead"
-            );
-        }
-        // One line ahead, one behind: the one behind counts.
-        assert_eq!(
-            source_of(published, &["1700000020000", "1700000009000"]).0,
-            1_700_000_009_000
-        );
-    }
-
-    #[test]
-    fn lines_without_a_valid_ts_do_not_move_the_source_time() {
-        let published = 1_700_000_010_000;
-        // Missing, negative, fractional, a string: dead-lettered, so only the
-        // publish time (and the valid line, when there is one) counts.
-        let mut out = Output::new(4);
-        out.add(
-            &Input {
-                stream_seq: 1,
-                payload: b"{\"id\":\"a\",\"ad_id\":\"ad-1\",\"cost_micros\":1}\n\
-                           {\"id\":\"b\",\"ad_id\":\"ad-1\",\"cost_micros\":1,\"ts\":-5}\n\
-                           {\"id\":\"c\",\"ad_id\":\"ad-1\",\"cost_micros\":1,\"ts\":1.5}\n\
-                           {\"id\":\"d\",\"ad_id\":\"ad-1\",\"cost_micros\":1,\"ts\":\"1\"}\n",
-            },
-            &catalog(),
-        );
-        assert_eq!(out.impressions, 0);
-        assert_eq!(out.dead_letters.len(), 4);
-        assert_eq!(out.oldest_ts_ms, None);
-        assert_eq!(chunk_source_ms(published, out.oldest_ts_ms), published);
-        // An unknown ad's ts does not count either: it books no spend.
-        out.add(
-            &Input {
-                stream_seq: 2,
-                payload: b"{\"id\":\"e\",\"ad_id\":\"nope\",\"cost_micros\":1,\"ts\":5}\n\
-                           {\"id\":\"f\",\"ad_id\":\"ad-1\",\"cost_micros\":1,\"ts\":1700000008000}\n",
-            },
-            &catalog(),
-        );
-        assert_eq!(out.oldest_ts_ms, Some(1_700_000_008_000));
-        assert_eq!(
-            chunk_source_ms(published, out.oldest_ts_ms),
-            1_700_000_008_000
-        );
-    }
-}
+mod tests;

@@ -3,18 +3,18 @@
 //! [`run`] pulls input from a durable JetStream consumer in chunks and hands
 //! each to a thread of its own ([`chunk::Mapping`], up to
 //! `ADSPEND_LIMITER_WORKERS` at once), where [`emit`] parses each NDJSON line
-//! ([`validate`]), maps the ad to its limits through the catalog, groups the
-//! tuples by partition and encodes them. One task publishes the mapped chunks
-//! in the order they were read: a chunk's output (spend batches and dead
-//! letters) is published and acknowledged by JetStream before its input is
-//! acknowledged. A timer injects a checkpoint marker into every partition
-//! through the same ordered queue, so markers are ordered with the batches
-//! around them, as does a timer that sends the pacers a [`report`] of how
-//! the input is shared among its sources.
+//! (`adspend_wire::impression`), maps the ad to its limits through the
+//! catalog, groups the tuples by partition and encodes them, and turns the
+//! lines it rejects into dead letters (`adspend_wire::dead_letter`). One task
+//! publishes the mapped chunks in the order they were read: a chunk's output
+//! (spend batches and dead letters) is published and acknowledged by
+//! JetStream before its input is acknowledged. A timer injects a checkpoint
+//! marker into every partition through the same ordered queue, so markers
+//! are ordered with the batches around them, as does a timer that sends the
+//! pacers a [`report`] of how the input is shared among its sources.
 
 pub mod chunk;
 pub mod config;
-pub mod dead_letter;
 pub mod downstream;
 pub mod emit;
 pub mod error;
@@ -24,7 +24,6 @@ pub mod publish;
 pub mod report;
 mod set_aside;
 pub(crate) mod telemetry;
-pub mod validate;
 
 use std::time::Duration;
 

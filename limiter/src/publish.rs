@@ -22,10 +22,10 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use adspend_common::codec::encode_spend;
 use adspend_common::nats::spend_subject;
 use adspend_common::now_ms;
-use adspend_common::types::{CheckpointMarker, SpendMessage};
+use adspend_wire::codec::encode_spend;
+use adspend_wire::types::{CheckpointMarker, SpendMessage};
 use async_nats::jetstream::{self, context::PublishAckFuture, context::PublishErrorKind};
 use async_nats::HeaderMap;
 use bytes::Bytes;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use adspend_common::nats::SOURCES_SUBJECT;
 use adspend_common::now_ms;
-use adspend_common::source_report::{SchedulingMode, SourceReport, SourcesReport};
+use adspend_wire::source_report::{SchedulingMode, SourceReport, SourcesReport};
 
 use crate::config::Scheduling;
 use crate::fair::{SourceStat, USAGE_WINDOW};

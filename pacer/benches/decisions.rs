@@ -6,10 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use adspend_common::catalog::Catalog;
-use adspend_common::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET};
 use adspend_pacer::pacing::{decide, tick};
 use adspend_pacer::state::SpendState;
+use adspend_wire::catalog::Catalog;
+use adspend_wire::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET};
 use chrono::Utc;
 
 const ACCOUNTS: usize = 1_000;

@@ -10,10 +10,10 @@
 //!
 //! Day 1 warms up (the traffic shape is learned); figures are for day 2.
 
-use adspend_common::catalog::Catalog;
-use adspend_common::types::{SumEntry, SumsUpdate};
 use adspend_pacer::pacing::{tick, verdict};
 use adspend_pacer::state::SpendState;
+use adspend_wire::catalog::Catalog;
+use adspend_wire::types::{SumEntry, SumsUpdate};
 use chrono::{DateTime, TimeZone, Utc};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

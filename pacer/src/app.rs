@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use adspend_common::catalog::Catalog;
+use adspend_wire::catalog::Catalog;
 use tokio::sync::{watch, RwLock};
 
 use crate::sources::SourceReports;

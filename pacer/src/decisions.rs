@@ -2,7 +2,7 @@
 //! `ADSPEND_PACER_MAX_DECISION_IDS` ad ids a batch (one more and the body
 //! stops being read into ids: 413), each at most an ad id's 64 bytes (422),
 //! each costing one verdict per limit above its ad (bounded by the
-//! catalog's shape, [`adspend_common::catalog::MAX_LIMITS_ABOVE_AD`]); so
+//! catalog's shape, [`adspend_wire::catalog::MAX_LIMITS_ABOVE_AD`]); so
 //! the answer is at most a few hundred bytes per id allowed.
 //!
 //! The batch is decided a chunk of [`VERDICTS_PER_YIELD`] verdicts at a
@@ -17,7 +17,7 @@ use std::cell::Cell;
 use std::fmt;
 
 use adspend_common::telemetry::{DECISIONS_TOTAL, PACER_HTTP_REFUSED_TOTAL};
-use adspend_common::types::MAX_ID_LEN;
+use adspend_wire::types::MAX_ID_LEN;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};

@@ -213,7 +213,7 @@ const HISTORY_EVERY: u64 = 10;
 async fn ticker(
     spend: Arc<RwLock<state::SpendState>>,
     reports: Arc<std::sync::Mutex<sources::SourceReports>>,
-    catalog: tokio::sync::watch::Receiver<Arc<adspend_common::catalog::Catalog>>,
+    catalog: tokio::sync::watch::Receiver<Arc<adspend_wire::catalog::Catalog>>,
     leases: leases::Leases,
     shutdown: CancellationToken,
 ) {

@@ -18,7 +18,7 @@ mod tests {
     use std::collections::BTreeSet;
     use std::sync::Arc;
 
-    use adspend_common::catalog::Catalog;
+    use adspend_wire::catalog::Catalog;
     use serde_json::Value;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};

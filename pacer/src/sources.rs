@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use adspend_common::nats::SOURCES_SUBJECT;
-use adspend_common::source_report::{SchedulingMode, SourceReport, SourcesReport};
+use adspend_wire::source_report::{SchedulingMode, SourceReport, SourcesReport};
 use futures::StreamExt;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;

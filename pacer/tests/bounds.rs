@@ -8,10 +8,10 @@ mod support;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use adspend_common::catalog::{MAX_LIMITS_ABOVE_AD, MAX_PARENT_DEPTH};
 use adspend_pacer::api::MAX_PAGE;
 use adspend_pacer::auth::Auth;
 use adspend_pacer::serve::HttpLimits;
+use adspend_wire::catalog::{MAX_LIMITS_ABOVE_AD, MAX_PARENT_DEPTH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use support::{

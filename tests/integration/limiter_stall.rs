@@ -67,20 +67,17 @@ async fn a_message_of_5100_bad_lines_does_not_stop_the_limiter() {
         5_100.0,
         "every line counted"
     );
-    let per_message = adspend_limiter::dead_letter::PER_MESSAGE as usize;
+    let per_message = adspend_wire::dead_letter::PER_MESSAGE as usize;
     let all = dead_letters(&p, "deadletter.>", per_message + 1).await;
     assert!(all.iter().all(|l| l["stream_seq"].as_u64() == Some(seq)));
     let reasons: Vec<&str> = all.iter().map(|l| l["reason"].as_str().unwrap()).collect();
     let summary = all.last().unwrap();
     assert_eq!(
         summary["reason"],
-        adspend_limiter::dead_letter::SUMMARY_REASON,
+        adspend_wire::dead_letter::SUMMARY_REASON,
         "{reasons:?} {summary}"
     );
-    assert_eq!(
-        summary["reason"],
-        adspend_limiter::dead_letter::SUMMARY_REASON
-    );
+    assert_eq!(summary["reason"], adspend_wire::dead_letter::SUMMARY_REASON);
     assert!(
         summary["detail"]
             .as_str()
@@ -105,7 +102,7 @@ async fn a_line_whose_escaped_dead_letter_passes_the_max_payload_is_cut() {
     assert_eq!(letter["line_bytes"].as_u64(), Some(1_400_000));
     assert_eq!(
         letter["line"].as_str().unwrap().len(),
-        adspend_limiter::dead_letter::LINE_BYTES
+        adspend_wire::dead_letter::LINE_BYTES
     );
     let hash = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&line));
     assert_eq!(letter["line_xxh3"].as_str(), Some(hash.as_str()));

@@ -7,9 +7,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use adspend_common::codec::decode_spend;
-use adspend_common::types::{MsgId, SpendMessage};
 use adspend_harness::{free_port, wait_until};
+use adspend_wire::codec::decode_spend;
+use adspend_wire::types::{MsgId, SpendMessage};
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig};
 use futures::StreamExt;
 
@@ -76,7 +76,7 @@ async fn limiter_workers_keep_each_partitions_order_and_ids() {
 
     // Each (limit, impression) id → the sequence of the input message
     // that carried the impression.
-    let catalog = adspend_common::catalog::Catalog::parse(
+    let catalog = adspend_wire::catalog::Catalog::parse(
         "test",
         &std::fs::read(&p.catalog_path).expect("catalog"),
     )

@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use adspend_common::codec::{encode_spend, FORMAT_V2};
-use adspend_common::types::{SpendBatch, SpendMessage, SpendTuple};
 use adspend_harness::free_port;
+use adspend_wire::codec::{encode_spend, FORMAT_V2};
+use adspend_wire::types::{SpendBatch, SpendMessage, SpendTuple};
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig};
 use futures::StreamExt;
 
@@ -43,7 +43,7 @@ fn poison() -> Vec<Vec<u8>> {
             limit: 5,
             bucket: u32::MAX,
             cost_micros: 1,
-            msg_id: adspend_common::types::MsgId([7; 16]),
+            msg_id: adspend_wire::types::MsgId([7; 16]),
         }],
     }));
     vec![
@@ -171,9 +171,9 @@ async fn a_sum_that_would_overflow_sets_one_tuple_aside_and_nothing_stops() {
             limits: vec!["poison-limit".into()],
             tuples: vec![SpendTuple {
                 limit: 0,
-                bucket: adspend_common::types::LIFETIME_BUCKET,
+                bucket: adspend_wire::types::LIFETIME_BUCKET,
                 cost_micros: half,
-                msg_id: adspend_common::types::MsgId([imp; 16]),
+                msg_id: adspend_wire::types::MsgId([imp; 16]),
             }],
         }))
     };

@@ -106,6 +106,27 @@ pub fn decode_sums(bytes: &[u8]) -> Result<SumsUpdate, Error> {
     Ok(update)
 }
 
+/// [`decode_sums`] for the pacer: also refuses stamps no aggregator sends.
+/// Times are unix ms, never negative (the pacer subtracts them from now),
+/// and a `push_seq` must have a successor for the pacer's gap check.
+pub fn decode_push(bytes: &[u8]) -> Result<SumsUpdate, Error> {
+    let update = decode_sums(bytes)?;
+    let refuse = |reason: String| Error::Decode {
+        what: "sums update",
+        reason,
+    };
+    if update.watermark_ms < 0 || update.source_ms < 0 {
+        return Err(refuse(format!(
+            "negative time: watermark_ms {}, source_ms {}",
+            update.watermark_ms, update.source_ms
+        )));
+    }
+    if update.push_seq == u64::MAX {
+        return Err(refuse(format!("push_seq {} has no successor", u64::MAX)));
+    }
+    Ok(update)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,6 +367,50 @@ mod tests {
             tuples: vec![],
         });
         assert_eq!(decode_spend(&encode_spend(&message)).unwrap(), message);
+    }
+
+    fn push(push_seq: u64, watermark_ms: i64, source_ms: i64) -> SumsUpdate {
+        SumsUpdate {
+            shard: "all".into(),
+            epoch: 1,
+            seq: 1,
+            push_seq,
+            full: false,
+            watermark_ms,
+            source_ms,
+            entries: vec![SumEntry {
+                limit: "a".into(),
+                bucket: 1,
+                bucket_micros: 5,
+                lifetime_micros: 5,
+                lifetime_events: 1,
+            }],
+        }
+    }
+
+    /// Found by fuzzing (fuzz target pacer_push): a push_seq of u64::MAX
+    /// followed by another push of the same epoch overflowed the pacer's
+    /// gap check, and a source_ms of i64::MIN its freshness arithmetic.
+    #[test]
+    fn stamps_no_aggregator_sends_are_refused() {
+        for (bad, what) in [
+            (push(u64::MAX, 1, 1), "no successor"),
+            (push(1, i64::MIN, 1), "negative time"),
+            (push(1, 1, i64::MIN), "negative time"),
+            (push(1, -1, 0), "negative time"),
+        ] {
+            let bytes = encode_sums(&bad);
+            assert_eq!(decode_sums(&bytes).unwrap(), bad, "a valid encoding");
+            let err = decode_push(&bytes).unwrap_err().to_string();
+            assert!(err.contains("cannot decode sums update"), "{err}");
+            assert!(err.contains(what), "{err}");
+        }
+        for good in [
+            push(u64::MAX - 1, 0, 0),
+            push(u64::MAX - 1, i64::MAX, i64::MAX),
+        ] {
+            assert_eq!(decode_push(&encode_sums(&good)).unwrap(), good);
+        }
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! per-limit lifetime and per-bucket sums with checked arithmetic, before
 //! anything is written. [`Pass`] is what the group's steps hand along.
 
-use adspend_common::types::{SpendBatch, SpendMessage, SpendTuple, LIFETIME_BUCKET};
+use adspend_wire::types::{SpendBatch, SpendMessage, SpendTuple, LIFETIME_BUCKET};
 use heed::RwTxn;
 use rustc_hash::FxHashMap;
 

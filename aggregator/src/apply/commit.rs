@@ -6,8 +6,8 @@ use adspend_common::telemetry::{
     APPLY_COMMITS_TOTAL, DUPLICATES_DROPPED_TOTAL, LAST_APPLIED_SEQ, SPEND_SET_ASIDE_TOTAL,
     TUPLES_APPLIED_TOTAL,
 };
-use adspend_common::types::SumEntry;
 use adspend_common::{failpoint, now_ms};
+use adspend_wire::types::SumEntry;
 use heed::RwTxn;
 
 use super::accumulate::Pass;

@@ -2,7 +2,7 @@
 //! entry of its new ids, then the lifetime and bucket sums, each in key
 //! order.
 
-use adspend_common::types::{SumEntry, LIFETIME_BUCKET};
+use adspend_wire::types::{SumEntry, LIFETIME_BUCKET};
 use heed::RwTxn;
 use rustc_hash::FxHashMap;
 

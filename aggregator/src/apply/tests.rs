@@ -1,5 +1,5 @@
 use super::*;
-use adspend_common::types::{CheckpointMarker, MsgId, SpendBatch, SpendTuple};
+use adspend_wire::types::{CheckpointMarker, MsgId, SpendBatch, SpendTuple};
 use std::collections::HashMap;
 
 /// (limit, bucket, cost, impression id)

@@ -34,7 +34,7 @@
 
 use std::io::Write;
 
-use adspend_common::types::{SumEntry, LIFETIME_BUCKET};
+use adspend_wire::types::{SumEntry, LIFETIME_BUCKET};
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
 

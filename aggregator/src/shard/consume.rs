@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use adspend_common::codec::decode_spend;
 use adspend_common::nats::spend_subject;
 use adspend_common::now_ms;
 use adspend_common::telemetry::{SPEND_SET_ASIDE_TOTAL, STREAM_INTEGRITY_ERRORS_TOTAL};
+use adspend_wire::codec::decode_spend;
 use async_nats::jetstream::consumer::{pull::OrderedConfig, DeliverPolicy};
 use async_nats::jetstream::stream::Stream;
 use async_nats::jetstream::Message;

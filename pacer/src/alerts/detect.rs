@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use adspend_common::catalog::{day_start, Catalog, Limit, Period};
+use adspend_wire::catalog::{day_start, Catalog, Limit, Period};
 use chrono::{DateTime, SecondsFormat, Utc};
 use tokio::sync::{mpsc, watch, RwLock};
 use tokio_util::sync::CancellationToken;

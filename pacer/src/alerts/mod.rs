@@ -20,7 +20,7 @@ pub mod webhook;
 
 use std::sync::Arc;
 
-use adspend_common::catalog::Catalog;
+use adspend_wire::catalog::Catalog;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch, RwLock};
 use tokio_util::sync::CancellationToken;

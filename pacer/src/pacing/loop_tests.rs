@@ -3,8 +3,8 @@
 //! the tick every second, as the real pipeline runs them. Deterministic:
 //! spend is the expected spend of the multiplier, in whole events.
 
-use adspend_common::catalog::Catalog;
-use adspend_common::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET};
+use adspend_wire::catalog::Catalog;
+use adspend_wire::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET};
 use chrono::{DateTime, TimeZone, Utc};
 
 use super::{tick, verdict};

@@ -31,7 +31,7 @@ mod loop_tests;
 
 #[cfg(test)]
 pub(crate) mod test_support {
-    use adspend_common::types::{SumEntry, SumsUpdate};
+    use adspend_wire::types::{SumEntry, SumsUpdate};
 
     use crate::state::SpendState;
 

@@ -2,7 +2,7 @@
 //! multiplier each limit with spend is served at (for the lag guard), and
 //! the history points the dashboard charts.
 
-use adspend_common::catalog::Catalog;
+use adspend_wire::catalog::Catalog;
 use chrono::{DateTime, Utc};
 
 use super::verdict::{elapsed_fraction, period_spend, plan_micros, verdict};

@@ -1,7 +1,7 @@
 //! The pacing numbers of one limit at one instant, and the bidder's decision
 //! for an ad built from the verdicts of every limit above it.
 
-use adspend_common::catalog::{Catalog, Limit, Period};
+use adspend_wire::catalog::{Catalog, Limit, Period};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
@@ -162,7 +162,7 @@ pub struct Decision {
 /// May the bidder bid on `ad_id`, and how hard: servable only if every limit
 /// above the ad (its own and their parents) is, that is neither exhausted nor
 /// stale; the multiplier is the least of theirs. One verdict per limit above
-/// the ad (at most [`adspend_common::catalog::MAX_LIMITS_ABOVE_AD`], their
+/// the ad (at most [`adspend_wire::catalog::MAX_LIMITS_ABOVE_AD`], their
 /// ancestors worked out when the catalog was parsed).
 pub fn decide(
     catalog: &Catalog,

@@ -1,7 +1,7 @@
 //! A limit's verdict as `GET /v1/limits` serves it: the contract's fields,
 //! timestamps as RFC 3339 strings.
 
-use adspend_common::catalog::Limit;
+use adspend_wire::catalog::Limit;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
@@ -89,7 +89,7 @@ pub fn view(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> LimitView 
 mod tests {
     use super::*;
     use crate::pacing::test_support::push;
-    use adspend_common::catalog::Catalog;
+    use adspend_wire::catalog::Catalog;
     use chrono::TimeZone;
 
     #[test]

@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
-use adspend_common::types::{SumsUpdate, LIFETIME_BUCKET};
+use adspend_wire::types::{SumsUpdate, LIFETIME_BUCKET};
 
 use crate::controller::{Algorithm, Controller};
 use crate::shape::TrafficShape;

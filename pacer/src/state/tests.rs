@@ -1,5 +1,6 @@
 use super::*;
-use adspend_common::types::SumEntry;
+use adspend_wire::types::SumEntry;
+use proptest::prelude::*;
 
 fn update(epoch: u64, seq: u64, push_seq: u64, lifetime: u64) -> SumsUpdate {
     SumsUpdate {
@@ -174,4 +175,140 @@ fn push_gap_is_reported() {
     assert_eq!(state.apply(&update(1, 1, 1, 1), 1), Applied::Ok);
     assert_eq!(state.apply(&update(1, 2, 3, 2), 2), Applied::Gap);
     assert_eq!(state.limits["a"].lifetime_micros, 2);
+}
+
+const NOW_MS: i64 = 1_767_225_600_000; // 2026-01-01
+
+/// Mostly small values, so that pushes meet, overtake and repeat each
+/// other; sometimes anything.
+fn small_or_any() -> impl Strategy<Value = u64> {
+    prop_oneof![7 => 0u64..=6, 1 => any::<u64>()]
+}
+
+/// Mostly around now; sometimes anything (negative too).
+fn time() -> impl Strategy<Value = i64> {
+    prop_oneof![7 => NOW_MS - 60_000..=NOW_MS + 60_000, 1 => any::<i64>()]
+}
+
+/// A push over 3 shards and 3 limits, epochs 0..=3, some of whose stamps
+/// no aggregator sends (which `decode_push` refuses).
+fn push() -> impl Strategy<Value = SumsUpdate> {
+    let entry = (
+        prop::sample::select(vec!["a", "b", "c"]),
+        prop_oneof![1 => Just(LIFETIME_BUCKET), 3 => 20_000u32..=20_006],
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(limit, bucket, bucket_micros, lifetime_micros, lifetime_events)| SumEntry {
+                limit: limit.to_string(),
+                bucket,
+                bucket_micros,
+                lifetime_micros,
+                lifetime_events,
+            },
+        );
+    (
+        prop::sample::select(vec!["all", "p0", "p1"]),
+        0u64..=3,
+        small_or_any(),
+        small_or_any(),
+        any::<bool>(),
+        time(),
+        time(),
+        prop::collection::vec(entry, 0..=4),
+    )
+        .prop_map(
+            |(shard, epoch, seq, push_seq, full, watermark_ms, source_ms, entries)| SumsUpdate {
+                shard: shard.to_string(),
+                epoch,
+                seq,
+                push_seq,
+                full,
+                watermark_ms,
+                source_ms,
+                entries,
+            },
+        )
+}
+
+/// `update` as the pacer receives it: encoded, then decoded by the ingest
+/// loop's decoder; `None` when that refuses it.
+fn received(update: &SumsUpdate) -> Option<SumsUpdate> {
+    adspend_wire::codec::decode_push(&adspend_wire::codec::encode_sums(update)).ok()
+}
+
+/// Each limit's lifetime spend and held buckets.
+type Sums = HashMap<String, (u64, BTreeMap<u32, u64>)>;
+
+fn sums(state: &SpendState) -> Sums {
+    state
+        .limits
+        .iter()
+        .map(|(k, v)| (k.clone(), (v.lifetime_micros, v.buckets.clone())))
+        .collect()
+}
+
+proptest! {
+    /// Folded into an empty state, a push leaves each limit with the
+    /// largest lifetime spend it carries for it.
+    #[test]
+    fn a_push_into_an_empty_state_holds_each_limits_largest_lifetime(update in push()) {
+        let Some(update) = received(&update) else {
+            return Ok(());
+        };
+        let mut state = SpendState::default();
+        state.apply(&update, NOW_MS);
+        let mut largest: HashMap<&str, u64> = HashMap::new();
+        for e in &update.entries {
+            let l = largest.entry(e.limit.as_str()).or_default();
+            *l = (*l).max(e.lifetime_micros);
+        }
+        for (limit, micros) in largest {
+            prop_assert_eq!(state.limits[limit].lifetime_micros, micros);
+        }
+    }
+
+    /// Folding pushes in order (those the decoder lets through) never makes
+    /// a shard's epoch or watermark, a limit's lifetime spend or a bucket it
+    /// still holds go backwards, and folding the same push twice changes no
+    /// sum.
+    #[test]
+    fn pushes_never_go_backwards_and_a_repeat_changes_nothing(
+        pushes in prop::collection::vec((push(), 0i64..=5_000), 0..60),
+    ) {
+        let mut state = SpendState::default();
+        let mut now = NOW_MS;
+        for (update, later) in pushes {
+            let Some(update) = received(&update) else {
+                continue;
+            };
+            now += later;
+            let before = sums(&state);
+            let shards_before: HashMap<String, (u64, i64)> = state
+                .shards
+                .iter()
+                .map(|(k, s)| (k.to_string(), (s.epoch, s.watermark_ms)))
+                .collect();
+            state.apply(&update, now);
+            let after = sums(&state);
+            for (limit, (lifetime, buckets)) in &before {
+                let (lifetime_now, buckets_now) = &after[limit];
+                prop_assert!(lifetime_now >= lifetime, "lifetime spend of {} went backwards", limit);
+                for (bucket, micros) in buckets {
+                    if let Some(now_micros) = buckets_now.get(bucket) {
+                        prop_assert!(now_micros >= micros, "bucket {} of {} went backwards", bucket, limit);
+                    }
+                }
+            }
+            for (shard, (epoch, watermark)) in &shards_before {
+                let s = &state.shards[shard.as_str()];
+                prop_assert!(s.epoch >= *epoch, "epoch of {} went backwards", shard);
+                prop_assert!(s.watermark_ms >= *watermark, "watermark of {} went backwards", shard);
+            }
+            state.apply(&update, now);
+            prop_assert_eq!(sums(&state), after, "applying a push twice changed a sum");
+        }
+    }
 }

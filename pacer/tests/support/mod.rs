@@ -8,11 +8,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use adspend_common::catalog::Catalog;
 use adspend_pacer::api::{self, AppState};
 use adspend_pacer::auth::Auth;
 use adspend_pacer::serve::{serve, HttpLimits};
 use adspend_pacer::state::SpendState;
+use adspend_wire::catalog::Catalog;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};

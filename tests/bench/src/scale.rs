@@ -80,7 +80,7 @@ pub fn hottest(before: &Ticks, after: &Ticks) -> (String, f64, u64) {
 pub fn mapping(catalog: &Catalog, dir: &Path, partitions: u32) -> anyhow::Result<Mapping> {
     let path = dir.join("catalog.json");
     catalog.save(&path)?;
-    let parsed = adspend_common::catalog::Catalog::parse("bench", &std::fs::read(&path)?)?;
+    let parsed = adspend_wire::catalog::Catalog::parse("bench", &std::fs::read(&path)?)?;
     let (_tx, catalog) = tokio::sync::watch::channel(Arc::new(parsed));
     Ok(Mapping {
         catalog,

@@ -20,9 +20,9 @@ use async_nats::jetstream::{
 };
 use futures::StreamExt;
 
-use adspend_common::codec::decode_spend;
 use adspend_common::nats::{IMPRESSIONS_STREAM, SPEND_STREAM};
-use adspend_common::types::SpendMessage;
+use adspend_wire::codec::decode_spend;
+use adspend_wire::types::SpendMessage;
 
 use adspend_sim::stats::{percentile, unix_ms_at};
 
@@ -112,7 +112,7 @@ impl PushWatch {
                     },
                 };
                 let now = adspend_common::now_ms();
-                let update = adspend_common::codec::decode_sums(&message.payload);
+                let update = adspend_wire::codec::decode_sums(&message.payload);
                 if let Some(source_ms) = update.ok().and_then(|u| u.fresh_source_ms()) {
                     pushes.push((now, now - source_ms));
                 }

@@ -14,7 +14,7 @@ use adspend_aggregator::checkpointer::Checkpointer;
 use adspend_aggregator::record::CheckpointStore;
 use adspend_aggregator::snapshot_store::SnapshotStore;
 use adspend_aggregator::store::Store;
-use adspend_common::types::{MsgId, SpendBatch, SpendMessage, SpendTuple};
+use adspend_wire::types::{MsgId, SpendBatch, SpendMessage, SpendTuple};
 use anyhow::Context as _;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -90,7 +90,7 @@ impl Feed {
             batch.push(SpendTuple {
                 limit: index,
                 bucket: if limit.is_multiple_of(5) {
-                    adspend_common::types::LIFETIME_BUCKET
+                    adspend_wire::types::LIFETIME_BUCKET
                 } else {
                     self.today
                 },

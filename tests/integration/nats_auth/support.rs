@@ -6,10 +6,10 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use adspend_common::codec::encode_sums;
 use adspend_common::config::NatsArgs;
-use adspend_common::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET};
 use adspend_harness::{free_port, wait_until, workspace_root, NatsOptions, NatsServer};
+use adspend_wire::codec::encode_sums;
+use adspend_wire::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET};
 
 use crate::support::Pipeline;
 

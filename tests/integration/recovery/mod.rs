@@ -25,11 +25,11 @@ use std::time::{Duration, Instant};
 use adspend_aggregator::record::CheckpointRecord;
 use adspend_aggregator::snapshot_store::Checksum;
 use adspend_aggregator::store::{Store, DEFAULT_MAP_SIZE};
-use adspend_common::codec::encode_spend;
-use adspend_common::types::{CheckpointMarker, SpendMessage};
 use adspend_harness::limiter_progress::limiter_backlog;
 use adspend_harness::{wait_until, wait_until_ok, ServiceProcess};
 use adspend_sim::Truth;
+use adspend_wire::codec::encode_spend;
+use adspend_wire::types::{CheckpointMarker, SpendMessage};
 use anyhow::Context;
 use async_nats::jetstream;
 

@@ -4,7 +4,7 @@
 
 use std::ops::Bound;
 
-use adspend_common::types::LIFETIME_BUCKET;
+use adspend_wire::types::LIFETIME_BUCKET;
 
 use bytes::Bytes;
 

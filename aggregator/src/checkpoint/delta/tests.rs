@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use adspend_common::types::{MsgId, SpendBatch, SpendMessage, SpendTuple};
+use adspend_wire::types::{MsgId, SpendBatch, SpendMessage, SpendTuple};
 use heed::types::Bytes;
 use heed::{CompactionOption, Database};
 use proptest::prelude::*;

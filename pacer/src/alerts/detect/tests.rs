@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
-use adspend_common::catalog::{local_day, Catalog};
-use adspend_common::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET};
+use adspend_wire::catalog::{local_day, Catalog};
+use adspend_wire::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET};
 use chrono::{DateTime, Utc};
 
 use super::*;

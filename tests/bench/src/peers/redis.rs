@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
-use adspend_common::types::MsgId;
+use adspend_wire::types::MsgId;
 use anyhow::{anyhow, Context as _};
 use async_nats::jetstream;
 use async_nats::jetstream::consumer::pull;

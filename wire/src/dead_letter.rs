@@ -112,12 +112,12 @@ fn cut(mut text: String, max: usize) -> String {
 }
 
 /// Counts the rejected lines of one input message past [`PER_MESSAGE`].
-#[derive(Default)]
-pub(crate) struct Overflow {
-    pub letters: u32,
-    pub first_line_no: Option<u32>,
-    pub lines: u64,
-    pub reasons: Vec<(&'static str, u64)>,
+#[derive(Debug, Default)]
+pub struct Overflow {
+    letters: u32,
+    first_line_no: Option<u32>,
+    lines: u64,
+    reasons: Vec<(&'static str, u64)>,
 }
 
 impl Overflow {

@@ -1,19 +1,20 @@
-//! Turning one NDJSON line into an impression, or a rejection with a reason.
+//! The impression contract: one NDJSON line, as ad servers publish it on
+//! `IMPRESSIONS`, turned into an [`Impression`] or a [`Rejection`] with a
+//! [`Reason`].
 //!
-//! Decisions depend on the bytes and the catalog only, so a replay of the same
-//! input reaches the same decision (DESIGN.md rule 7).
+//! Decisions depend on the bytes only, so a replay of the same input reaches
+//! the same decision (DESIGN.md rule 7). The limiter adds the two reasons
+//! that need more than the line ([`Reason::UnknownAd`] from the catalog,
+//! [`Reason::CostTooLarge`] from its ceiling).
 
 use std::borrow::Cow;
 
-use adspend_common::types::{Micros, MAX_ID_LEN};
 use serde::Deserialize;
 
-/// Default ceiling of one impression's cost (one million currency units):
-/// far above any real impression, far below what could overflow a sum.
-pub const DEFAULT_MAX_COST_MICROS: Micros = 1_000_000_000_000;
+use crate::types::{Micros, MAX_ID_LEN};
 
 /// Latest accepted event time: 9999-12-31.
-const MAX_TS_MS: i64 = 253_402_300_799_999;
+pub const MAX_TS_MS: i64 = 253_402_300_799_999;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Reason {
@@ -75,7 +76,8 @@ struct Raw<'a> {
     ts: Option<serde_json::Number>,
 }
 
-/// Parse and check one line; the catalog lookup is the caller's.
+/// Parse and check one line; the catalog lookup and the cost ceiling are
+/// the caller's.
 pub fn parse_line(line: &[u8]) -> Result<Impression<'_>, Rejection> {
     // JSON is UTF-8, but serde_json checks only the strings it keeps: bytes
     // that are not UTF-8 in an ignored field's string would pass unseen.
