@@ -8,7 +8,10 @@ use adspend_wire::catalog::Catalog;
 use adspend_wire::codec::encode_spend_ref;
 use adspend_wire::dead_letter::{DeadLetter, Overflow};
 use adspend_wire::impression::{parse_line, Reason, Rejection};
-use adspend_wire::types::{Micros, MsgId, SpendBatchRef, SpendMessageRef, SpendTuple};
+use adspend_wire::lease::lease_key;
+use adspend_wire::types::{
+    Micros, MsgId, SpendBatchRef, SpendMessageRef, SpendTuple, LIFETIME_BUCKET,
+};
 use rustc_hash::FxHashMap;
 
 /// Default ceiling of one impression's cost (one million currency units):
@@ -86,6 +89,9 @@ pub struct Output {
     /// for its partition and then looking it up in that partition (the
     /// hash was 7% of the limiter's time in the end-to-end profile).
     slots: FxHashMap<usize, (u32, u32)>,
+    /// The same for the keys of spend leases (by their text: each lease's
+    /// key is made here, not taken from the catalog).
+    lease_slots: FxHashMap<Box<str>, (u32, u32)>,
     /// Impressions costing more go to the dead letters (`cost_too_large`).
     pub max_cost_micros: u64,
     /// Earliest `ts` (unix ms) of the impressions mapped to spend; `None`
@@ -143,6 +149,33 @@ impl Output {
         self.partitions.iter().map(|p| p.tuples.len()).sum()
     }
 
+    /// The impression was served under the spend lease `lease_id`: its cost
+    /// is booked once more, to the lease's key, so the pacer learns the
+    /// spend reported under the lease as exactly as any limit's. An id that
+    /// is not a lease id of ours books nothing more.
+    fn add_lease_spend(&mut self, lease_id: &str, impression_id: &str, cost_micros: Micros) {
+        let Some(key) = lease_key(lease_id) else {
+            return;
+        };
+        let (partition, index) = match self.lease_slots.get(key.as_str()) {
+            Some(slot) => *slot,
+            None => {
+                let partition = partition_of(&key, self.partitions.len() as u32);
+                let out = &mut self.partitions[partition as usize];
+                out.limits.push(Arc::from(key.as_str()));
+                let slot = (partition, out.limits.len() as u32 - 1);
+                self.lease_slots.insert(key.clone().into_boxed_str(), slot);
+                slot
+            }
+        };
+        self.partitions[partition as usize].tuples.push(SpendTuple {
+            limit: index,
+            bucket: LIFETIME_BUCKET,
+            cost_micros,
+            msg_id: MsgId::derive(&key, impression_id),
+        });
+    }
+
     fn count_rejection(&mut self, reason: Reason) {
         match self.rejected.iter_mut().find(|(r, _)| *r == reason) {
             Some((_, n)) => *n += 1,
@@ -182,6 +215,9 @@ impl Output {
                                 msg_id: MsgId::derive(&limit.id, &impression.id),
                             };
                             self.partitions[partition as usize].tuples.push(tuple);
+                        }
+                        if let Some(lease) = impression.lease_id.as_deref() {
+                            self.add_lease_spend(lease, &impression.id, impression.cost_micros);
                         }
                         continue;
                     }

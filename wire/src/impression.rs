@@ -64,10 +64,15 @@ pub struct Impression<'a> {
     pub ad_id: Cow<'a, str>,
     pub cost_micros: Micros,
     pub ts_ms: i64,
+    /// The spend lease it was served under, as the ad server wrote it
+    /// (whether it is a lease id at all is [`crate::lease`]'s to say).
+    pub lease_id: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
 struct Raw<'a> {
+    #[serde(borrow, default, deserialize_with = "lease_or_none")]
+    lease_id: Option<Cow<'a, str>>,
     #[serde(borrow)]
     id: Option<Cow<'a, str>>,
     #[serde(borrow)]
@@ -153,13 +158,79 @@ pub fn parse_line(line: &[u8]) -> Result<Impression<'_>, Rejection> {
         ad_id,
         cost_micros,
         ts_ms,
+        lease_id: raw.lease_id,
     })
+}
+
+/// `lease_id`: a string names the lease; any other value names none, and
+/// the impression is spend like any other (CONTRACT.md), never a rejection.
+fn lease_or_none<'de: 'a, 'a, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Cow<'a, str>>, D::Error> {
+    use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
+    struct Lease;
+    impl<'de> Visitor<'de> for Lease {
+        type Value = Option<Cow<'de, str>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Borrowed(v)))
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Owned(v.to_owned())))
+        }
+        fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Owned(v)))
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+    }
+    d.deserialize_any(Lease)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_lease_id_rides_along_and_anything_else_there_is_no_lease() {
+        let line = |lease: &str| {
+            format!(r#"{{"id":"i","ad_id":"a","cost_micros":5,"ts":1,"lease_id":{lease}}}"#)
+        };
+        let lease = |lease: &str| {
+            parse_line(line(lease).as_bytes()).map(|i| i.lease_id.map(|l| l.into_owned()))
+        };
+        assert_eq!(lease(r#""k.1.0""#), Ok(Some("k.1.0".to_string())));
+        assert_eq!(lease(r#""k\u002e1""#), Ok(Some("k.1".to_string())));
+        for other in ["null", "5", "-1.5", "true", "[1,\"x\"]", r#"{"a":[1]}"#] {
+            assert_eq!(lease(other), Ok(None), "{other}");
+        }
+        let without = parse_line(br#"{"id":"i","ad_id":"a","cost_micros":5,"ts":1}"#).unwrap();
+        assert_eq!(without.lease_id, None);
+    }
 
     fn reason(line: &str) -> Reason {
         parse_line(line.as_bytes()).unwrap_err().reason

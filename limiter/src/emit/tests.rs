@@ -1,4 +1,5 @@
 use super::*;
+use adspend_wire::lease::lease_of_key;
 use proptest::prelude::*;
 
 fn catalog() -> Catalog {
@@ -245,9 +246,16 @@ fn line() -> impl Strategy<Value = Vec<u8>> {
             4 => 1_600_000_000_000i64..1_900_000_000_000,
             1 => any::<i64>(),
         ],
+        // No lease, a lease id of ours (a few, shared), or anything else.
+        prop_oneof![
+            4 => Just(serde_json::Value::Null),
+            2 => (1u64..4).prop_map(|n| format!("lz1k.{n}.0").into()),
+            1 => "[a-z.0-9]{0,70}".prop_map(serde_json::Value::from),
+            1 => any::<i64>().prop_map(serde_json::Value::from),
+        ],
     )
-        .prop_map(|(id, ad, cost, ts)| {
-            serde_json::json!({"id": id, "ad_id": ad, "cost_micros": cost, "ts": ts})
+        .prop_map(|(id, ad, cost, ts, lease)| {
+            serde_json::json!({"id": id, "ad_id": ad, "cost_micros": cost, "ts": ts, "lease_id": lease})
                 .to_string()
                 .into_bytes()
         });
@@ -287,7 +295,8 @@ type Named = (String, u32, u64, MsgId);
 
 /// What `Output::add` must make of `payload`, worked out line by line from
 /// the parser and the catalog: the non-blank lines, the impressions mapped
-/// to spend, and their tuples (one per catalog limit of the ad).
+/// to spend, and their tuples (one per catalog limit of the ad, and one for
+/// its lease's key when it names a lease id of ours).
 fn expected(payload: &[u8], catalog: &Catalog) -> (u64, u64, Vec<Named>) {
     let (mut lines, mut accepted, mut tuples) = (0, 0, Vec::new());
     for raw in payload.split(|&b| b == b'\n') {
@@ -310,6 +319,14 @@ fn expected(payload: &[u8], catalog: &Catalog) -> (u64, u64, Vec<Named>) {
                 limit.bucket_of(impression.ts_ms),
                 impression.cost_micros,
                 MsgId::derive(&limit.id, &impression.id),
+            ));
+        }
+        if let Some(key) = impression.lease_id.as_deref().and_then(lease_key) {
+            tuples.push((
+                key.clone(),
+                adspend_wire::types::LIFETIME_BUCKET,
+                impression.cost_micros,
+                MsgId::derive(&key, &impression.id),
             ));
         }
     }
@@ -351,7 +368,11 @@ proptest! {
             for tuple in &partition.tuples {
                 let limit = partition.limit_of(tuple);
                 prop_assert!(tuple.cost_micros <= MAX_COST, "a tuple above the ceiling");
-                prop_assert!(catalog.limit(limit).is_some(), "a tuple for unknown limit {}", limit);
+                prop_assert!(
+                    catalog.limit(limit).is_some() || lease_of_key(limit).is_some(),
+                    "a tuple for unknown limit {}",
+                    limit
+                );
                 own.push((limit.to_string(), tuple.bucket, tuple.cost_micros, tuple.msg_id));
             }
             let mut decoded: Vec<Named> = Vec::new();
@@ -372,4 +393,39 @@ proptest! {
         tuples.sort();
         prop_assert_eq!(emitted, tuples, "one tuple per catalog limit of each mapped line's ad");
     }
+}
+
+#[test]
+fn an_impression_under_a_lease_is_booked_to_the_lease_too() {
+    let payload = b"{\"id\":\"i1\",\"ad_id\":\"ad-1\",\"cost_micros\":7,\"ts\":1,\"lease_id\":\"lz1k.3.0\"}\n\
+                    {\"id\":\"i2\",\"ad_id\":\"ad-1\",\"cost_micros\":5,\"ts\":1,\"lease_id\":\"lz1k.3.0\"}\n\
+                    {\"id\":\"i3\",\"ad_id\":\"ad-1\",\"cost_micros\":2,\"ts\":1,\"lease_id\":\"not-ours\"}\n";
+    let mut out = Output::new(4);
+    out.add(
+        &Input {
+            stream_seq: 1,
+            payload,
+        },
+        &catalog(),
+    );
+    assert_eq!(out.impressions, 3);
+    // Two limits each, and the two under the lease once more.
+    assert_eq!(out.tuples(), 8);
+    let leased: Vec<(u64, MsgId)> = out
+        .partitions
+        .iter()
+        .flat_map(|p| p.tuples.iter().map(move |t| (p.limit_of(t), t)))
+        .filter(|(limit, _)| *limit == "~lease/lz1k.3.0")
+        .map(|(_, t)| {
+            assert_eq!(t.bucket, adspend_wire::types::LIFETIME_BUCKET);
+            (t.cost_micros, t.msg_id)
+        })
+        .collect();
+    assert_eq!(
+        leased,
+        vec![
+            (7, MsgId::derive("~lease/lz1k.3.0", "i1")),
+            (5, MsgId::derive("~lease/lz1k.3.0", "i2"))
+        ]
+    );
 }
