@@ -27,8 +27,13 @@ pub const DEFAULT_TTL_MS: u64 = 30_000;
 #[derive(Deserialize)]
 pub(crate) struct LeaseRequest {
     ads: Vec<Value>,
-    #[serde(default)]
+    /// `None` only when absent: a `null` is a value, and a wrong one.
+    #[serde(default, deserialize_with = "present")]
     ttl_ms: Option<Value>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 #[derive(Serialize, Debug, PartialEq)]
@@ -77,7 +82,7 @@ fn ask_of(i: usize, raw: &Value, app: &AppState) -> Result<Ask, String> {
 
 fn ttl_of(raw: Option<&Value>) -> Result<u64, String> {
     match raw {
-        None | Some(Value::Null) => Ok(DEFAULT_TTL_MS),
+        None => Ok(DEFAULT_TTL_MS),
         Some(Value::Number(n)) => n
             .as_u64()
             .filter(|t| (MIN_TTL_MS..=MAX_TTL_MS).contains(t))
@@ -205,6 +210,7 @@ mod tests {
             Value::from(-5),
             Value::from(1.5),
             Value::from("30000"),
+            Value::Null,
         ] {
             assert!(
                 ttl_of(Some(&bad)).unwrap_err().starts_with("ttl_ms"),

@@ -64,6 +64,29 @@ async fn services_with_their_own_users_over_tls_are_exact_and_an_ad_server_is_co
     .await
     .expect("no source report from the limiter reached the pacer");
 
+    // The pacer's lease ledger works under its grants: a lease is granted.
+    let ad = p.catalog.ads.keys().next().expect("an ad").clone();
+    let granted = wait_until(Duration::from_secs(15), Duration::from_millis(200), || {
+        let (url, ad) = (url.clone(), ad.clone());
+        async move {
+            let Ok(response) = reqwest::Client::new()
+                .post(format!("{url}/v1/leases"))
+                .json(&serde_json::json!({"ads": [{"ad_id": ad, "micros": 1}]}))
+                .send()
+                .await
+            else {
+                return false;
+            };
+            let body: serde_json::Value = response.json().await.unwrap_or_default();
+            body["leases"][0]["lease_id"].is_string()
+        }
+    })
+    .await;
+    assert!(
+        granted.is_ok(),
+        "no lease granted under the pacer's NATS user"
+    );
+
     // The services needed nothing beyond their grants.
     let log = p.nats.log_tail(10_000);
     let violations: Vec<&str> = log.lines().filter(|l| l.contains("Violation")).collect();
@@ -107,6 +130,7 @@ async fn services_with_their_own_users_over_tls_are_exact_and_an_ad_server_is_co
         "adspend.resync",
         "adspend.sources",
         "deadletter.x",
+        "adspend.leases",
         "$JS.API.STREAM.DELETE.IMPRESSIONS",
     ] {
         adserver
