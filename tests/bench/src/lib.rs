@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod e2e;
 pub mod fair;
 pub mod host;
+pub mod leases;
 pub mod pacing;
 pub mod peers;
 pub mod recovery;

@@ -9,6 +9,7 @@
 mod deltas;
 mod e2e;
 mod fair;
+mod leases;
 mod pacing;
 mod peers;
 mod recovery;
@@ -39,6 +40,9 @@ enum Section {
     /// The CPU stages at 1..n threads and the pipeline with sets of
     /// processes (not in the default list).
     Scale,
+    /// Spend lease grants through one and two pacers (not in the default
+    /// list).
+    Leases,
 }
 
 #[derive(Parser)]
@@ -201,6 +205,18 @@ struct Args {
     /// none, slowloris, decisions, oversized, deepest, pushes.
     #[arg(long, value_delimiter = ',')]
     attacks: Vec<String>,
+    /// Pacer processes of each leases run, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    leases_pacers: Vec<usize>,
+    /// Concurrent lease clients (spread over the pacers).
+    #[arg(long, default_value_t = 8)]
+    leases_clients: usize,
+    /// Ads in each lease request.
+    #[arg(long, default_value_t = 100)]
+    leases_ads: usize,
+    /// Seconds of each leases run.
+    #[arg(long, default_value_t = 10)]
+    leases_secs: u64,
     /// Shards pushing sums at once in the `pushes` attack, each every 20 ms.
     #[arg(long, default_value_t = 64)]
     attack_push_shards: usize,
@@ -272,6 +288,7 @@ async fn run(args: &Args) -> anyhow::Result<Table> {
             Section::Pacing => pacing::closed_loop(args, &mut table).await?,
             Section::Attack => attack(&args, &mut table).await?,
             Section::Scale => scale::scaling(args, &mut table).await?,
+            Section::Leases => leases::grants(args, &mut table).await?,
         }
     }
     Ok(table)
