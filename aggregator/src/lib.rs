@@ -63,6 +63,7 @@ pub use error::Error;
 
 impl Service for Validated {
     const NAME: &'static str = "aggregator";
+    const HISTOGRAMS: adspend_common::telemetry::Histograms = telemetry::HISTOGRAMS;
     type Config = Config;
     type Listeners = ();
     type Error = Error;
@@ -105,7 +106,7 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
     let Context { shutdown, tasks } = context;
     // First: a store that cannot be opened is a setting to fix (exit 64).
     let snapshots = SnapshotStore::open(&snapshots)?;
-    adspend_common::telemetry::describe(telemetry::DESCRIPTIONS);
+    adspend_common::telemetry::describe(telemetry::DESCRIPTIONS, telemetry::HISTOGRAMS);
     disk::watch_free(config.data_dir(), &tasks, shutdown.clone());
     let client = nats::connect(&config.nats, "adspend-aggregator").await?;
     let name = ownership.shard();

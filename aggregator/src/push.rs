@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use adspend_common::nats::{progress_subject, sums_subject, Progress, SUMS_RESYNC_SUBJECT};
-use adspend_common::telemetry::SUMS_PUSHES_TOTAL;
 use adspend_wire::codec::encode_sums;
 use adspend_wire::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET};
 use futures::StreamExt;
@@ -17,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::apply::Dirty;
 use crate::error::Error;
 use crate::store::{parse_lifetime, parse_sum_key, Store};
+use crate::telemetry::SUMS_PUSHES_TOTAL;
 
 const ENTRIES_PER_PUSH: usize = 10_000;
 /// An empty push at least this often, so the pacer sees the watermark move.

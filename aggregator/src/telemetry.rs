@@ -1,10 +1,65 @@
-//! Metric names only the aggregator exports, besides those in
-//! `adspend_common::telemetry` (whose rule they follow:
-//! `adspend_aggregator_<thing>_<unit>`): the recovery from lost objects
-//! (docs/RECOVERY.md) and each shard's progress and checkpoint age, which
-//! operators alert on (docs/ALERTING.md). They belong with the others there,
-//! where they would move when that module's owner takes them.
+//! Metric names only the aggregator exports (the rule of
+//! `adspend_common::telemetry`: `adspend_aggregator_<thing>_<unit>`), with
+//! their `# HELP` texts and the bucket bounds of its histograms: applying
+//! spend, checkpoints, cluster ownership, the recovery from lost objects
+//! (docs/RECOVERY.md), the data directory's disk, and each shard's progress
+//! and checkpoint age, which operators alert on (docs/ALERTING.md).
 
+pub const TUPLES_APPLIED_TOTAL: &str = "adspend_aggregator_tuples_applied_total";
+pub const DUPLICATES_DROPPED_TOTAL: &str = "adspend_aggregator_duplicates_dropped_total";
+pub const APPLY_COMMITS_TOTAL: &str = "adspend_aggregator_apply_commits_total";
+pub const LAST_APPLIED_SEQ: &str = "adspend_aggregator_last_applied_seq";
+pub const CHECKPOINTS_TOTAL: &str = "adspend_aggregator_checkpoints_total";
+pub const CHECKPOINTS_COALESCED_TOTAL: &str = "adspend_aggregator_checkpoints_coalesced_total";
+pub const CHECKPOINT_SECONDS: &str = "adspend_aggregator_checkpoint_seconds";
+/// Size of the recorded base snapshot (the compacted LMDB copy).
+pub const SNAPSHOT_BYTES: &str = "adspend_aggregator_snapshot_bytes";
+/// Bytes uploaded by checkpoints, `kind="base"` (full copies) or
+/// `kind="delta"` (what changed since the previous checkpoint).
+pub const CHECKPOINT_UPLOADED_BYTES_TOTAL: &str =
+    "adspend_aggregator_checkpoint_uploaded_bytes_total";
+pub const DEDUPE_IDS: &str = "adspend_aggregator_dedupe_ids";
+pub const DEDUPE_WINDOW_SECONDS: &str = "adspend_aggregator_dedupe_window_seconds";
+pub const SUMS_PUSHES_TOTAL: &str = "adspend_aggregator_sums_pushes_total";
+pub const STREAM_INTEGRITY_ERRORS_TOTAL: &str = "adspend_aggregator_stream_integrity_errors_total";
+/// `SPEND` messages or tuples the aggregator set aside (dead lettered) by
+/// reason, instead of stopping on them.
+pub const SPEND_SET_ASIDE_TOTAL: &str = "adspend_aggregator_spend_set_aside_total";
+// cluster mode
+/// Partitions this member applies now.
+pub const AGGREGATOR_OWNED_PARTITIONS: &str = "adspend_aggregator_owned_partitions";
+/// Changes of this member's assigned partitions (joins and departures).
+pub const AGGREGATOR_REBALANCES_TOTAL: &str = "adspend_aggregator_rebalances_total";
+/// Graceful handover, `side="take"`: from the partition being assigned here
+/// until it applies here; `side="release"`: from being asked to let go
+/// until the last checkpoint is recorded and the partition released.
+pub const AGGREGATOR_HANDOVER_SECONDS: &str = "adspend_aggregator_handover_seconds";
+/// From noticing the previous owner's lease gone until the partition
+/// applies here (restore and catch-up included).
+pub const AGGREGATOR_FAILOVER_SECONDS: &str = "adspend_aggregator_failover_seconds";
+/// Membership leases lost (keepalives unanswered or expired).
+pub const AGGREGATOR_LEASES_LOST_TOTAL: &str = "adspend_aggregator_leases_lost_total";
+
+/// Bucket bounds of the ownership histograms (handover, failover).
+const OWNERSHIP_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0,
+];
+
+/// Bucket bounds of [`CHECKPOINT_SECONDS`]: a delta takes tens of
+/// milliseconds, a base of a large store minutes.
+const CHECKPOINT_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// The aggregator's histograms with their bucket bounds, for the recorder
+/// (`adspend_common::service::Service::HISTOGRAMS`).
+pub const HISTOGRAMS: &[(&str, &[f64])] = &[
+    (CHECKPOINT_SECONDS, CHECKPOINT_BUCKETS),
+    (AGGREGATOR_HANDOVER_SECONDS, OWNERSHIP_BUCKETS),
+    (AGGREGATOR_FAILOVER_SECONDS, OWNERSHIP_BUCKETS),
+];
+
+// recovery from lost objects
 /// 1 while a shard cannot restore because the snapshot (base or delta) its
 /// checkpoint record names is gone and no safe way out was found; 0 once it
 /// restored or was rebuilt. Label `shard`.
@@ -49,6 +104,73 @@ pub const DATA_DIR_SIZE_BYTES: &str = "adspend_aggregator_data_dir_size_bytes";
 /// The `# HELP` text of the names above, for
 /// `adspend_common::telemetry::describe`.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[
+    (TUPLES_APPLIED_TOTAL, "Spend tuples added to the sums."),
+    (
+        DUPLICATES_DROPPED_TOTAL,
+        "Spend tuples dropped as duplicates, by=id (dedupe window) or by=seq (replay).",
+    ),
+    (
+        APPLY_COMMITS_TOTAL,
+        "LMDB write transactions committed by the writer.",
+    ),
+    (
+        LAST_APPLIED_SEQ,
+        "SPEND stream sequence the shard has applied through.",
+    ),
+    (
+        CHECKPOINTS_TOTAL,
+        "Checkpoints taken, by outcome (ok, failed).",
+    ),
+    (
+        CHECKPOINTS_COALESCED_TOTAL,
+        "Checkpoint requests folded into a newer one while a checkpoint ran.",
+    ),
+    (
+        CHECKPOINT_SECONDS,
+        "Time to take a checkpoint, by kind (base, delta).",
+    ),
+    (SNAPSHOT_BYTES, "Size of the shard's recorded base snapshot."),
+    (
+        CHECKPOINT_UPLOADED_BYTES_TOTAL,
+        "Bytes uploaded by checkpoints, by kind (base, delta).",
+    ),
+    (DEDUPE_IDS, "Message ids in the shard's dedupe window."),
+    (
+        DEDUPE_WINDOW_SECONDS,
+        "Stream time the shard's dedupe window covers now.",
+    ),
+    (
+        SUMS_PUSHES_TOTAL,
+        "Pushes of changed sums to the pacers (heartbeats included).",
+    ),
+    (
+        STREAM_INTEGRITY_ERRORS_TOTAL,
+        "SPEND found with a retention gap or gone backwards, by kind; the shard stops.",
+    ),
+    (
+        SPEND_SET_ASIDE_TOTAL,
+        "SPEND messages or tuples set aside (dead lettered), by reason.",
+    ),
+    (
+        AGGREGATOR_OWNED_PARTITIONS,
+        "Partitions this member applies now.",
+    ),
+    (
+        AGGREGATOR_REBALANCES_TOTAL,
+        "Changes of this member's assigned partitions.",
+    ),
+    (
+        AGGREGATOR_HANDOVER_SECONDS,
+        "Graceful handover time of a partition, by side (take, release).",
+    ),
+    (
+        AGGREGATOR_FAILOVER_SECONDS,
+        "From noticing a previous owner's lease gone until the partition applies here.",
+    ),
+    (
+        AGGREGATOR_LEASES_LOST_TOTAL,
+        "Membership leases this member lost.",
+    ),
     (
         DISK_FULL,
         "1 while the shard waits for space in the data directory; 0 once it went on.",
@@ -145,7 +267,7 @@ mod tests {
             .skip(1)
             .filter_map(|item| item.split_once(": &str =")?.1.split('"').nth(1))
             .collect();
-        assert!(declared.len() >= 7, "{declared:?}");
+        assert!(declared.len() >= 30, "{declared:?}");
         for name in &declared {
             assert!(
                 DESCRIPTIONS
@@ -155,6 +277,14 @@ mod tests {
             );
         }
         assert_eq!(DESCRIPTIONS.len(), declared.len());
+    }
+
+    #[test]
+    fn histogram_bounds_increase() {
+        for (name, bounds) in HISTOGRAMS {
+            assert!(!bounds.is_empty(), "{name}");
+            assert!(bounds.windows(2).all(|w| w[0] < w[1]), "{name}");
+        }
     }
 
     #[test]

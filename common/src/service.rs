@@ -91,6 +91,10 @@ impl Default for Context {
 pub trait Service: Sized + Send + 'static {
     /// The name in the error line and the logs.
     const NAME: &'static str;
+    /// The service's histograms with their bucket bounds (its telemetry
+    /// module's): the recorder needs them before the first sample, or it
+    /// exports a summary.
+    const HISTOGRAMS: telemetry::Histograms;
     /// The settings as parsed from flags and `ADSPEND_*` variables.
     type Config: Parser;
     /// The sockets the service serves on, besides `/metrics`.
@@ -197,7 +201,7 @@ async fn serve<S: Service>(service: S) -> Result<(), S::Error> {
     let tasks = context.tasks.clone();
     tasks.spawn(serve_metrics(
         metrics,
-        telemetry::install_metrics(),
+        telemetry::install_metrics(S::HISTOGRAMS),
         shutdown.clone(),
         tasks.clone(),
     ));

@@ -11,10 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use adspend_common::nats::spend_subject;
-use adspend_common::telemetry::{
-    IMPRESSIONS_TOTAL, MARKERS_TOTAL, REDELIVERED_IMPRESSIONS_TOTAL, REJECTED_TOTAL,
-    SPEND_MESSAGES_TOTAL, TUPLES_EMITTED_TOTAL,
-};
 use adspend_common::{failpoint, now_ms};
 use adspend_wire::catalog::Catalog;
 use async_nats::jetstream::{self, consumer};
@@ -24,6 +20,10 @@ use tokio::sync::watch;
 use crate::downstream::Downstream;
 use crate::emit::{self, Input, Output};
 use crate::publish::{OutMessage, Publish, Publisher};
+use crate::telemetry::{
+    IMPRESSIONS_TOTAL, MARKERS_TOTAL, REDELIVERED_IMPRESSIONS_TOTAL, REJECTED_TOTAL,
+    SPEND_MESSAGES_TOTAL, TUPLES_EMITTED_TOTAL,
+};
 
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 /// Longest wait for the input's acknowledgements.

@@ -23,7 +23,7 @@ mod nats_store;
 pub mod publish;
 pub mod report;
 mod set_aside;
-pub(crate) mod telemetry;
+pub mod telemetry;
 
 use std::time::Duration;
 
@@ -41,6 +41,7 @@ use tokio::task::JoinHandle;
 
 impl Service for Validated {
     const NAME: &'static str = "limiter";
+    const HISTOGRAMS: adspend_common::telemetry::Histograms = &[];
     type Config = Config;
     type Listeners = ();
     type Error = Error;
@@ -108,7 +109,7 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
         ..
     } = validated;
     let Context { shutdown, tasks } = context;
-    adspend_common::telemetry::describe(telemetry::DESCRIPTIONS);
+    adspend_common::telemetry::describe(telemetry::DESCRIPTIONS, &[]);
     let catalog = catalog_source
         .clone()
         .watch(shutdown.clone(), &tasks)

@@ -6,12 +6,12 @@
 //! republishes it once the cause is mended (its impressions carry their
 //! ids, so nothing is counted twice).
 
-use adspend_common::telemetry::{LIMITER_SET_ASIDE_TOTAL, REJECTED_TOTAL};
 use async_nats::jetstream::{self, AckKind};
 use async_nats::HeaderMap;
 use serde::Serialize;
 
 use crate::publish::{OutMessage, Publish, Publisher};
+use crate::telemetry::{LIMITER_SET_ASIDE_TOTAL, REJECTED_TOTAL};
 
 /// The reason (and subject suffix) of a set-aside record.
 pub const REASON: &str = "set_aside";

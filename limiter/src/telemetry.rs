@@ -1,8 +1,39 @@
-//! Metric names only the limiter exports and that live with it (the rule of
-//! `adspend_common::telemetry`: `adspend_limiter_<thing>_<unit>`): how its
-//! output publishes fare through an outage, which operators alert on
+//! Metric names only the limiter exports (the rule of
+//! `adspend_common::telemetry`: `adspend_limiter_<thing>_<unit>`, and the
+//! contract's `adspend_rejected_total`), with their `# HELP` texts: its
+//! input and output, fair scheduling among its sources, and how its output
+//! publishes fare through an outage, which operators alert on
 //! (docs/ALERTING.md, `AdspendPublishesFailing`).
 
+pub const IMPRESSIONS_TOTAL: &str = "adspend_limiter_impressions_total";
+/// Of those, impressions whose message JetStream delivered more than once
+/// (an ack wait ran out, or a limiter died holding it); their tuples are
+/// re-emitted and dropped by id downstream.
+pub const REDELIVERED_IMPRESSIONS_TOTAL: &str = "adspend_limiter_redelivered_impressions_total";
+pub const REJECTED_TOTAL: &str = "adspend_rejected_total";
+/// Input messages the limiter set aside: NATS answered but kept refusing
+/// their output (recorded on `deadletter.set_aside`).
+pub const LIMITER_SET_ASIDE_TOTAL: &str = "adspend_limiter_set_aside_total";
+pub const TUPLES_EMITTED_TOTAL: &str = "adspend_limiter_tuples_emitted_total";
+pub const SPEND_MESSAGES_TOTAL: &str = "adspend_limiter_spend_messages_total";
+pub const MARKERS_TOTAL: &str = "adspend_limiter_markers_total";
+// fair scheduling among sources (gauges labelled `source`)
+/// The source's share of the limiter's usage over the sliding window, 0..=1.
+pub const LIMITER_SOURCE_USAGE_SHARE: &str = "adspend_limiter_source_usage_share";
+/// Age of the source's oldest waiting event.
+pub const LIMITER_SOURCE_LAG_SECONDS: &str = "adspend_limiter_source_lag_seconds";
+/// 1 while the source is held back so that waiting sources get their share.
+pub const LIMITER_SOURCE_HELD_BACK: &str = "adspend_limiter_source_held_back";
+/// Tuples this limiter published to `SPEND` that no aggregator has reported
+/// as applied (the queue behind it; fair scheduling keeps backlogs within a
+/// window of `ADSPEND_LIMITER_DOWNSTREAM_MAX_TUPLES`).
+pub const LIMITER_DOWNSTREAM_QUEUED_TUPLES: &str = "adspend_limiter_downstream_queued_tuples";
+/// The window's size now, in tuples: the bound, or less while the other
+/// sources' delay is over `ADSPEND_LIMITER_DOWNSTREAM_TARGET_MS`.
+pub const LIMITER_DOWNSTREAM_WINDOW_TUPLES: &str = "adspend_limiter_downstream_window_tuples";
+/// Fair rounds in which the window held a backlog back.
+pub const LIMITER_CONGESTED_ROUNDS_TOTAL: &str = "adspend_limiter_congested_rounds_total";
+// output publishes through an outage
 /// Tries of an output publish that failed and are retried. Label `cause`:
 /// `outage` (a timeout, a lost connection, a restarted server, a full
 /// store: retried however long it lasts) or `refusal` (NATS refused the
@@ -22,6 +53,55 @@ pub const NATS_STORAGE_LIMIT_BYTES: &str = "adspend_limiter_nats_storage_limit_b
 /// The `# HELP` text of the names above, for
 /// `adspend_common::telemetry::describe`.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[
+    (
+        IMPRESSIONS_TOTAL,
+        "Impressions the limiter took from IMPRESSIONS and published spend for.",
+    ),
+    (
+        REDELIVERED_IMPRESSIONS_TOTAL,
+        "Impressions whose message JetStream delivered more than once (their tuples are dropped by id downstream).",
+    ),
+    (
+        REJECTED_TOTAL,
+        "Input rejected and dead lettered to DEADLETTER, by reason.",
+    ),
+    (
+        LIMITER_SET_ASIDE_TOTAL,
+        "Input messages the limiter set aside because NATS kept refusing their output.",
+    ),
+    (
+        TUPLES_EMITTED_TOTAL,
+        "Spend tuples (limit, cost, id) the limiter published to SPEND.",
+    ),
+    (SPEND_MESSAGES_TOTAL, "SPEND messages the limiter published."),
+    (
+        MARKERS_TOTAL,
+        "Checkpoint markers the limiter published (one per partition per interval).",
+    ),
+    (
+        LIMITER_SOURCE_USAGE_SHARE,
+        "The source's share of the limiter's usage over the sliding window, 0 to 1.",
+    ),
+    (
+        LIMITER_SOURCE_LAG_SECONDS,
+        "Age of the source's oldest waiting input event.",
+    ),
+    (
+        LIMITER_SOURCE_HELD_BACK,
+        "1 while the source is held back so that waiting sources get their share.",
+    ),
+    (
+        LIMITER_DOWNSTREAM_QUEUED_TUPLES,
+        "Tuples this limiter published to SPEND that no aggregator has reported applied.",
+    ),
+    (
+        LIMITER_DOWNSTREAM_WINDOW_TUPLES,
+        "The downstream window's size now, in tuples.",
+    ),
+    (
+        LIMITER_CONGESTED_ROUNDS_TOTAL,
+        "Fair rounds in which the downstream window held a backlog back.",
+    ),
     (
         PUBLISH_RETRIES_TOTAL,
         "Output publishes that failed and are retried, by cause (outage or refusal).",

@@ -19,13 +19,13 @@
 
 use std::sync::Arc;
 
-use adspend_common::telemetry::PACER_HTTP_REFUSED_TOTAL;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 
 use crate::reply::error;
+use crate::telemetry::PACER_HTTP_REFUSED_TOTAL;
 
 /// The shortest token accepted: a guessable token is no protection.
 pub const MIN_TOKEN_LEN: usize = 16;

@@ -16,7 +16,6 @@
 use std::cell::Cell;
 use std::fmt;
 
-use adspend_common::telemetry::{DECISIONS_TOTAL, PACER_HTTP_REFUSED_TOTAL};
 use adspend_wire::types::MAX_ID_LEN;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request, State};
@@ -30,6 +29,7 @@ use serde::Serialize;
 use crate::app::AppState;
 use crate::pacing::{decide_counted, Decision};
 use crate::reply::error;
+use crate::telemetry::{DECISIONS_TOTAL, PACER_HTTP_REFUSED_TOTAL};
 use adspend_common::env::PACER_MAX_DECISION_IDS;
 
 /// Verdicts computed between two yields (one ad's verdicts are never

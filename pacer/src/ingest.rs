@@ -7,10 +7,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use adspend_common::nats::{SUMS_RESYNC_SUBJECT, SUMS_SUBJECT_PREFIX};
-use adspend_common::telemetry::{
-    PACER_FRESHNESS_SECONDS, PACER_LAG_SECONDS, PACER_RESYNCS_TOTAL, PACER_STALE_UPDATES_TOTAL,
-    PACER_UPDATES_TOTAL,
-};
 use adspend_wire::catalog::Catalog;
 use adspend_wire::codec::decode_push;
 use chrono::Offset;
@@ -20,6 +16,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
 use crate::state::{Applied, SpendState};
+use crate::telemetry::{
+    PACER_FRESHNESS_SECONDS, PACER_LAG_SECONDS, PACER_RESYNCS_TOTAL, PACER_STALE_UPDATES_TOTAL,
+    PACER_UPDATES_TOTAL,
+};
 
 const RESYNC_MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// With no push at all for this long, ask again (aggregators may have

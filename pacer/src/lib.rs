@@ -30,19 +30,21 @@ pub mod served;
 pub mod shape;
 pub mod sources;
 pub mod state;
+pub(crate) mod telemetry;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use adspend_common::nats;
 use adspend_common::service::{self, Context, Service};
-use adspend_common::telemetry::{PACER_INPUT_LAG_SECONDS, PACER_STALE_LIMITS, PACER_STALE_SHARDS};
 use tokio::net::TcpListener;
 use tokio::sync::RwLock;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, Validated};
 pub use error::Error;
+
+use crate::telemetry::{PACER_INPUT_LAG_SECONDS, PACER_STALE_LIMITS, PACER_STALE_SHARDS};
 
 /// The pacer's sockets, bound before it connects to anything (tests bind
 /// port 0 and read the port back).
@@ -55,6 +57,7 @@ pub struct Listeners {
 
 impl Service for Validated {
     const NAME: &'static str = "pacer";
+    const HISTOGRAMS: adspend_common::telemetry::Histograms = telemetry::HISTOGRAMS;
     type Config = Config;
     type Listeners = Listeners;
     type Error = Error;
@@ -102,6 +105,7 @@ pub async fn run(
         catalog: source,
     } = validated;
     let Context { shutdown, tasks } = context;
+    adspend_common::telemetry::describe(telemetry::DESCRIPTIONS, telemetry::HISTOGRAMS);
     let addr = listeners.api.local_addr().unwrap_or(settings.api_addr);
     let catalog = source.clone().watch(shutdown.clone(), &tasks).await?;
     let client = nats::connect(&config.nats, "adspend-pacer").await?;

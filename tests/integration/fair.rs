@@ -10,7 +10,7 @@ use adspend_limiter::fair::lanes::lane_name;
 use adspend_sim::{SimConfig, Truth};
 use async_nats::jetstream;
 
-use adspend_common::telemetry::{IMPRESSIONS_TOTAL, REDELIVERED_IMPRESSIONS_TOTAL};
+use adspend_limiter::telemetry::{IMPRESSIONS_TOTAL, REDELIVERED_IMPRESSIONS_TOTAL};
 
 use crate::support::{assert_exact, metric, metric_value, Backends, Pipeline};
 

@@ -2,10 +2,6 @@
 //! and what follows a commit (metrics, set-aside tuples, the pusher's and
 //! the checkpointer's hand-offs).
 
-use adspend_common::telemetry::{
-    APPLY_COMMITS_TOTAL, DUPLICATES_DROPPED_TOTAL, LAST_APPLIED_SEQ, SPEND_SET_ASIDE_TOTAL,
-    TUPLES_APPLIED_TOTAL,
-};
 use adspend_common::{failpoint, now_ms};
 use adspend_wire::types::SumEntry;
 use heed::RwTxn;
@@ -13,6 +9,10 @@ use heed::RwTxn;
 use super::accumulate::Pass;
 use super::{GroupStats, Incoming, Writer};
 use crate::error::Error;
+use crate::telemetry::{
+    APPLY_COMMITS_TOTAL, DUPLICATES_DROPPED_TOTAL, LAST_APPLIED_SEQ, SPEND_SET_ASIDE_TOTAL,
+    TUPLES_APPLIED_TOTAL,
+};
 
 impl Writer {
     /// Store the new last applied sequence and commit. In cluster mode the

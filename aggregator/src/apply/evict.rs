@@ -1,13 +1,13 @@
 //! The dedupe window's eviction: the writer drops log entries (and their
 //! ids) that fell out of the window, inside the group's write transaction.
 
-use adspend_common::telemetry::{DEDUPE_IDS, DEDUPE_WINDOW_SECONDS};
 use heed::RwTxn;
 
 use super::{GroupStats, Writer, MAX_EVICT_PER_TXN};
 use crate::dedupe;
 use crate::error::Error;
 use crate::store::log_key_time;
+use crate::telemetry::{DEDUPE_IDS, DEDUPE_WINDOW_SECONDS};
 
 impl Writer {
     /// Drop the log entries older than the window (in stream time) or beyond

@@ -12,10 +12,6 @@ use std::time::Instant;
 
 use crate::checkpoint::record::{CheckpointRecord, CheckpointStore, DeltaRef};
 use crate::snapshot_store::SnapshotStore;
-use adspend_common::telemetry::{
-    CHECKPOINTS_COALESCED_TOTAL, CHECKPOINTS_TOTAL, CHECKPOINT_SECONDS,
-    CHECKPOINT_UPLOADED_BYTES_TOTAL, SNAPSHOT_BYTES,
-};
 use adspend_common::{failpoint, now_ms};
 use heed::CompactionOption;
 use tokio::sync::watch;
@@ -26,7 +22,10 @@ use crate::error::Error;
 use crate::fence::Validity;
 use crate::handoff::CheckpointRequest;
 use crate::store::{Store, DATA_FILE};
-use crate::telemetry::CHAIN_LOST_TOTAL;
+use crate::telemetry::{
+    CHAIN_LOST_TOTAL, CHECKPOINTS_COALESCED_TOTAL, CHECKPOINTS_TOTAL, CHECKPOINT_SECONDS,
+    CHECKPOINT_UPLOADED_BYTES_TOTAL, SNAPSHOT_BYTES,
+};
 
 mod failures;
 

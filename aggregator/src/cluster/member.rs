@@ -7,7 +7,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use adspend_common::telemetry::AGGREGATOR_OWNED_PARTITIONS;
 use etcd_client::{Client, GetOptions, PutOptions, WatchOptions};
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
@@ -18,6 +17,7 @@ use super::{
 };
 use crate::error::Error;
 use crate::shard::{self, Started};
+use crate::telemetry::AGGREGATOR_OWNED_PARTITIONS;
 
 pub(super) enum Served {
     Shutdown,

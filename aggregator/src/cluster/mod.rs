@@ -33,13 +33,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::snapshot_store::SnapshotStore;
-use adspend_common::telemetry::AGGREGATOR_LEASES_LOST_TOTAL;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, ShardSettings};
 use crate::error::Error;
+use crate::telemetry::AGGREGATOR_LEASES_LOST_TOTAL;
 use member::{Member, Served};
 
 pub const MEMBERS_PREFIX: &str = "/adspend/members/";

@@ -7,10 +7,6 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use crate::checkpoint::record::CheckpointStore;
-use adspend_common::telemetry::{
-    AGGREGATOR_FAILOVER_SECONDS, AGGREGATOR_HANDOVER_SECONDS, AGGREGATOR_OWNED_PARTITIONS,
-    AGGREGATOR_REBALANCES_TOTAL,
-};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use tokio::sync::oneshot;
 
@@ -18,6 +14,10 @@ use super::member::{lease_lost, Kind, Member, Running, Stopping};
 use super::{assignment, etcd_err, owner_key, PARTITION_RETRY};
 use crate::error::Error;
 use crate::shard::{self, Started};
+use crate::telemetry::{
+    AGGREGATOR_FAILOVER_SECONDS, AGGREGATOR_HANDOVER_SECONDS, AGGREGATOR_OWNED_PARTITIONS,
+    AGGREGATOR_REBALANCES_TOTAL,
+};
 
 impl Member {
     pub(super) async fn reconcile(&mut self) -> Result<(), Error> {

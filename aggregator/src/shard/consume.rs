@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use adspend_common::nats::spend_subject;
 use adspend_common::now_ms;
-use adspend_common::telemetry::{SPEND_SET_ASIDE_TOTAL, STREAM_INTEGRITY_ERRORS_TOTAL};
 use adspend_wire::codec::decode_spend;
 use async_nats::jetstream::consumer::{pull::OrderedConfig, DeliverPolicy};
 use async_nats::jetstream::stream::Stream;
@@ -19,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::apply::{Dirty, Incoming};
 use crate::error::Error;
+use crate::telemetry::{SPEND_SET_ASIDE_TOTAL, STREAM_INTEGRITY_ERRORS_TOTAL};
 
 const INTEGRITY_CHECK: Duration = Duration::from_secs(2);
 /// How long without a message before an idle, caught-up consumer says its

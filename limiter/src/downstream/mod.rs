@@ -42,15 +42,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use adspend_common::nats::{Progress, PROGRESS_SUBJECT_PREFIX};
 use adspend_common::now_ms;
-use adspend_common::telemetry::{
-    LIMITER_DOWNSTREAM_QUEUED_TUPLES, LIMITER_DOWNSTREAM_WINDOW_TUPLES,
-};
 use futures::StreamExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::error::Error;
+use crate::telemetry::{LIMITER_DOWNSTREAM_QUEUED_TUPLES, LIMITER_DOWNSTREAM_WINDOW_TUPLES};
 pub use backlog::{Backlog, Window, MIN_WINDOW};
 
 /// The backlog shared between the publish path, the reports' subscriber

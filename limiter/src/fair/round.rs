@@ -33,8 +33,7 @@ impl Scheduler {
             &mut self.deficits,
         );
         if (0..views.len()).any(|i| plan.held[i] && plan.held_back(i, &views[i])) {
-            metrics::counter!(adspend_common::telemetry::LIMITER_CONGESTED_ROUNDS_TOTAL)
-                .increment(1);
+            metrics::counter!(crate::telemetry::LIMITER_CONGESTED_ROUNDS_TOTAL).increment(1);
         }
         let mut chunk = Vec::new();
         let mut chunk_bytes = 0;

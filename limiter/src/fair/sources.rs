@@ -6,10 +6,11 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use adspend_common::telemetry::{
+use serde::Serialize;
+
+use crate::telemetry::{
     LIMITER_SOURCE_HELD_BACK, LIMITER_SOURCE_LAG_SECONDS, LIMITER_SOURCE_USAGE_SHARE,
 };
-use serde::Serialize;
 
 /// How often the gauges and the snapshot are refreshed (not every round).
 pub const PUBLISH_EVERY: Duration = Duration::from_millis(250);

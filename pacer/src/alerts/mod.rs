@@ -110,7 +110,7 @@ pub async fn start(
     tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) -> Result<(), crate::error::Error> {
-    adspend_common::telemetry::describe(DESCRIPTIONS);
+    adspend_common::telemetry::describe(DESCRIPTIONS, &[]);
     let js = async_nats::jetstream::new(client);
     let stream = adspend_common::nats::ensure_alerts(&js, settings.stream_replicas).await?;
     let marks = detect::Marks::shared();

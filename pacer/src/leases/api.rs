@@ -104,7 +104,8 @@ pub(crate) async fn grant(
         );
     };
     if request.ads.len() > app.max_decision_ids {
-        metrics::counter!(adspend_common::telemetry::PACER_HTTP_REFUSED_TOTAL, "reason" => "lease_ads").increment(1);
+        metrics::counter!(crate::telemetry::PACER_HTTP_REFUSED_TOTAL, "reason" => "lease_ads")
+            .increment(1);
         return error(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!(

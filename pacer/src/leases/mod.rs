@@ -199,9 +199,7 @@ pub async fn start(
     tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) -> Leases {
-    for (name, text) in DESCRIPTIONS {
-        metrics::describe_counter!(*name, *text);
-    }
+    adspend_common::telemetry::describe(DESCRIPTIONS, crate::telemetry::HISTOGRAMS);
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let folded = Arc::new(Notify::new());
     let (ready_tx, ready) = watch::channel(false);

@@ -26,7 +26,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use adspend_common::telemetry::PACER_HTTP_REFUSED_TOTAL;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -37,6 +36,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::reply::error;
+use crate::telemetry::PACER_HTTP_REFUSED_TOTAL;
 
 mod deadlines;
 mod per_addr;

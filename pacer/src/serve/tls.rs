@@ -11,7 +11,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use adspend_common::telemetry::PACER_HTTP_REFUSED_TOTAL;
 use adspend_common::Error;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -21,6 +20,8 @@ use tokio_rustls::rustls::{self, ServerConfig};
 use tokio_rustls::server::TlsStream;
 
 pub use tokio_rustls::TlsAcceptor;
+
+use crate::telemetry::PACER_HTTP_REFUSED_TOTAL;
 
 /// The API port's TLS: an acceptor, and the certificate file it came from
 /// (for the logs).

@@ -261,13 +261,12 @@ pub async fn freshness(
 /// Cumulative buckets `(le, count)` of the pacer's freshness histogram.
 async fn scrape_histogram(http: &reqwest::Client, url: &str) -> anyhow::Result<Vec<(f64, u64)>> {
     let body = http.get(url).send().await?.text().await?;
-    let prefix = format!(
-        "{}_bucket{{le=\"",
-        adspend_common::telemetry::PACER_FRESHNESS_SECONDS
-    );
+    // By the name the pacer exports (`PACER_FRESHNESS_SECONDS` of
+    // pacer/src/telemetry.rs): this crate does not link the pacer.
+    let prefix = "adspend_pacer_freshness_seconds_bucket{le=\"";
     let mut buckets = Vec::new();
     for line in body.lines() {
-        let Some(rest) = line.strip_prefix(&prefix) else {
+        let Some(rest) = line.strip_prefix(prefix) else {
             continue;
         };
         let Some((le, count)) = rest.split_once("\"}") else {
