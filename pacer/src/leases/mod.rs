@@ -87,11 +87,14 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (LEASE_COMMIT_SECONDS, "Time to plan and write one batch of lease requests to the ledger."),
 ];
 
+/// One request's grants, each with its lease id when it granted anything.
+pub type Granted = Vec<(Grant, Option<LeaseId>)>;
+
 /// One request waiting for the committer.
 struct Queued {
     asks: Vec<Ask>,
     expires_at_ms: i64,
-    answer: oneshot::Sender<Result<Vec<(Grant, Option<LeaseId>)>, Unavailable>>,
+    answer: oneshot::Sender<Result<Granted, Unavailable>>,
 }
 
 /// Why no grant could be made: the ledger is not loaded yet, or could not
@@ -151,11 +154,7 @@ impl Leases {
 
     /// Grant what can be granted of `asks`, each lease expiring at
     /// `expires_at_ms`.
-    pub async fn grant(
-        &self,
-        asks: Vec<Ask>,
-        expires_at_ms: i64,
-    ) -> Result<Vec<(Grant, Option<LeaseId>)>, Unavailable> {
+    pub async fn grant(&self, asks: Vec<Ask>, expires_at_ms: i64) -> Result<Granted, Unavailable> {
         if !*self.ready.borrow() {
             return Err(Unavailable(
                 "the lease ledger is still being read (this pacer just started)".into(),
@@ -396,7 +395,7 @@ async fn commit(
     }
 }
 
-type Answers = Vec<Vec<(Grant, Option<LeaseId>)>>;
+type Answers = Vec<Granted>;
 
 impl Committer {
     async fn commit_batch(&self, batch: &[Queued]) -> Result<Answers, Unavailable> {

@@ -286,7 +286,7 @@ async fn run(args: &Args) -> anyhow::Result<Table> {
             Section::Recovery => recovery::recover(args, &mut table).await?,
             Section::Fair => fair::fair_sharing(args, &mut table).await?,
             Section::Pacing => pacing::closed_loop(args, &mut table).await?,
-            Section::Attack => attack(&args, &mut table).await?,
+            Section::Attack => attack(args, &mut table).await?,
             Section::Scale => scale::scaling(args, &mut table).await?,
             Section::Leases => leases::grants(args, &mut table).await?,
         }
