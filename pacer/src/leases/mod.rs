@@ -55,8 +55,9 @@ const MAX_QUEUED: usize = 256;
 /// How long a commit that lost the race waits to fold the winner's grants
 /// before it gives up (503).
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(2);
-/// Races lost in a row before a commit gives up (503).
-const MAX_RACES: usize = 16;
+/// How long a commit keeps planning again after lost races before it
+/// gives up (503).
+const RACE_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub const LEASE_GRANTS_TOTAL: &str = "adspend_pacer_lease_grants_total";
 pub const LEASE_GRANTED_MICROS_TOTAL: &str = "adspend_pacer_lease_granted_micros_total";
@@ -399,7 +400,9 @@ type Answers = Vec<Granted>;
 
 impl Committer {
     async fn commit_batch(&self, batch: &[Queued]) -> Result<Answers, Unavailable> {
-        for _ in 0..MAX_RACES {
+        let deadline = Instant::now() + RACE_TIMEOUT;
+        let mut races: u32 = 0;
+        while Instant::now() < deadline {
             let (expected, grants) = self.plan(batch).await;
             let sizes: Vec<usize> = batch.iter().map(|q| q.asks.len()).collect();
             if grants.iter().all(|g| g.micros == 0) {
@@ -431,12 +434,19 @@ impl Committer {
                 Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
                     metrics::counter!(LEASE_COMMIT_RACES_TOTAL).increment(1);
                     self.catch_up(expected).await?;
+                    races += 1;
+                    // Two pacers committing back to back can keep taking
+                    // the same turn: after the first loss, step aside for
+                    // a random while, longer with each loss.
+                    if races > 1 {
+                        tokio::time::sleep(jitter(races)).await;
+                    }
                 }
                 Err(e) => return Err(Unavailable(format!("write to {LEASES_STREAM}: {e}"))),
             }
         }
         Err(Unavailable(format!(
-            "lost {MAX_RACES} races in a row to other pacers' commits"
+            "lost {races} races in a row to other pacers' commits within {RACE_TIMEOUT:?}"
         )))
     }
 
@@ -488,6 +498,17 @@ impl Committer {
         metrics::counter!(LEASE_REFUSALS_TOTAL, "reason" => "nothing_left")
             .increment((grants.len() - given.len()) as u64);
     }
+}
+
+/// A random pause up to 0.5 ms for each race lost in a row (at most 8 ms).
+fn jitter(races: u32) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    // A cheap spread of the clock's low bits (they differ between pacers).
+    let spread =
+        (u64::from(nanos).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as f64 / (1u64 << 24) as f64;
+    Duration::from_micros((spread * 500.0 * f64::from(races.min(16))) as u64)
 }
 
 /// The grants of one commit split back into its requests, each grant with
