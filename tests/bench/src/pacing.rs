@@ -49,6 +49,10 @@ pub struct PacingBench {
     pub algorithms: Vec<&'static str>,
     pub modes: Vec<ServeMode>,
     pub seed: u64,
+    /// The pacer's lease grace is the run's reporting delay plus this: what
+    /// an operator sets it to (the slowest report, and a margin), so that a
+    /// lease's unused grant is not held longer than its reports can come.
+    pub lease_grace_margin: Duration,
 }
 
 /// What the closed loop runs against.
@@ -162,6 +166,8 @@ async fn one_run(
     .await;
     let mut pacer_env = SERVICE_ENV.to_vec();
     pacer_env.push(("ADSPEND_PACER_ALGORITHM", algorithm));
+    let grace = (delay + bench.lease_grace_margin).as_millis().to_string();
+    pacer_env.push(("ADSPEND_PACER_LEASE_GRACE_MS", &grace));
     p.aggregator = Some(p.spawn_with("aggregator", free_port(), SERVICE_ENV));
     p.limiter = Some(p.spawn_with("limiter", free_port(), SERVICE_ENV));
     p.pacer = Some(p.spawn_with("pacer", free_port(), &pacer_env));

@@ -13,6 +13,7 @@ pub(super) struct ApiLimit {
     pub(super) spend_micros: u64,
     pub(super) budget_micros: u64,
     pub(super) remaining_micros: u64,
+    pub(super) leased_micros: u64,
     pub(super) exhausted: bool,
 }
 
@@ -63,6 +64,7 @@ pub(super) async fn read_api(url: &str) -> BTreeMap<String, ApiLimit> {
                 spend_micros: micros("spend_micros"),
                 budget_micros: micros("budget_micros"),
                 remaining_micros: micros("remaining_micros"),
+                leased_micros: micros("leased_micros"),
                 exhausted: limit["exhausted"].as_bool().expect("exhausted"),
             };
             limits.insert(parsed.limit_id.clone(), parsed);

@@ -37,7 +37,7 @@ pub(super) struct Row {
     pub(super) limit_id: String,
     pub(super) exhausted_attr: Option<String>,
     pub(super) class: String,
-    /// `spend` / `budget` / `remaining` → (data-micros, shown text).
+    /// `spend` / `budget` / `remaining` / `leased` → (data-micros, shown text).
     pub(super) money: BTreeMap<String, (String, String)>,
 }
 
@@ -63,7 +63,7 @@ impl Page {
                 }
                 "td" if in_rows => {
                     let class = tag.attr("class").unwrap_or_default();
-                    let kind = ["spend", "budget", "remaining"]
+                    let kind = ["spend", "budget", "remaining", "leased"]
                         .into_iter()
                         .find(|k| class.split_whitespace().any(|c| c == *k));
                     if let (Some(kind), Some(row)) = (kind, page.rows.last_mut()) {
@@ -112,7 +112,7 @@ impl Page {
     }
 }
 
-/// Each row against the API: the three amounts exact (and shown as units
+/// Each row against the API: the four amounts exact (and shown as units
 /// with two decimals), the exhausted mark, and the order.
 pub(super) fn check_rows(page: &Page, api: &BTreeMap<String, ApiLimit>) {
     for row in &page.rows {
@@ -123,6 +123,7 @@ pub(super) fn check_rows(page: &Page, api: &BTreeMap<String, ApiLimit>) {
             ("spend", limit.spend_micros),
             ("budget", limit.budget_micros),
             ("remaining", limit.remaining_micros),
+            ("leased", limit.leased_micros),
         ] {
             let (micros, text) = row
                 .money

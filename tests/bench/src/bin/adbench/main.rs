@@ -144,8 +144,12 @@ struct Args {
     /// within seconds; prints the worst overspend per mode and delay).
     #[arg(long, value_enum, default_value = "day")]
     pacing_scenario: adspend_bench::pacing::Scenario,
+    /// The pacing section's lease grace: its pacer's
+    /// ADSPEND_PACER_LEASE_GRACE_MS is each run's delay plus this.
+    #[arg(long, default_value_t = 2_000)]
+    pacing_lease_grace_margin_ms: u64,
     /// The ttl_ms of the leases of the pacing section's lease mode.
-    #[arg(long, default_value_t = 10_000,
+    #[arg(long, default_value_t = 3_000,
           value_parser = clap::value_parser!(u64).range(1_000..=600_000))]
     pacing_lease_ttl_ms: u64,
     /// Events per second of each source of the fair section while steady.

@@ -113,7 +113,38 @@ fn stages(args: &Args, table: &mut Table) -> anyhow::Result<()> {
             &mut apply_base,
         );
     }
+    machine(args, table, base_threads);
     Ok(())
+}
+
+/// The machine's own speedups at the same thread counts: the ceiling the
+/// stages' speedups are read against (threads that share a core's caches,
+/// memory bandwidth or a hypervisor's scheduling give less than n times).
+fn machine(args: &Args, table: &mut Table, base_threads: usize) {
+    let (mut compute_base, mut reads_base) = (None, None);
+    for &threads in &args.scale_threads {
+        let (compute, reads) = scale::machine(threads);
+        println!(
+            "bench:   machine, {threads} thread(s): {} arithmetic ops/s, {} random reads/s",
+            number(compute),
+            number(reads)
+        );
+        for (what, rate, base) in [
+            ("machine: integer arithmetic", compute, &mut compute_base),
+            ("machine: random reads of 32 MiB", reads, &mut reads_base),
+        ] {
+            match *base {
+                None => *base = Some(rate),
+                Some(b) => table.add(
+                    format!("{what}: speedup {base_threads} → {threads} threads"),
+                    "x",
+                    samples([rate / b]),
+                    None,
+                    "the machine's ceiling for the stages above",
+                ),
+            }
+        }
+    }
 }
 
 /// A row "speedup, 1 → n threads" once the base is known.
