@@ -72,8 +72,8 @@ impl Lease {
 }
 
 /// How far past a report's push every shard must have caught up before
-/// the report frees anything: room for the limiter publishing a chunk's
-/// messages (the lease's and its limits') a moment apart.
+/// the report frees anything: room for the aggregators' clocks (each
+/// stamps its own watermarks) being a little apart.
 pub const REPORT_MARGIN_MS: i64 = 1_000;
 
 /// What [`Ledger::retire`] took out.
