@@ -204,7 +204,16 @@ async fn servers_that_ask_stop_serving_exhausted_limits_and_stay_exact() {
 async fn servers_that_lease_never_take_a_limit_over_its_budget_whatever_the_delay() {
     let catalog = tight_catalog();
     let mut p = Pipeline::start_with(Backends::default(), NatsOptions::default(), catalog).await;
-    p.spawn_all().await;
+    // The grace covers the 2 s delay, with a second to spare: unused grants
+    // come back to be granted again within the run.
+    p.aggregator = Some(p.spawn("aggregator"));
+    p.limiter = Some(p.spawn("limiter"));
+    p.pacer = Some(p.spawn_with(
+        "pacer",
+        adspend_harness::free_port(),
+        &[("ADSPEND_PACER_LEASE_GRACE_MS", "3000")],
+    ));
+    p.wait_pacer().await;
     let config = LoopConfig {
         pacer_url: p.pacer_url(),
         servers: 2,
@@ -218,7 +227,7 @@ async fn servers_that_lease_never_take_a_limit_over_its_budget_whatever_the_dela
             max: COST,
         },
         mode: ServeMode::Leases(LeasePolicy {
-            ttl: Duration::from_secs(10),
+            ttl: Duration::from_secs(3),
             ..LeasePolicy::default()
         }),
         publish_delay: Duration::from_secs(2),
