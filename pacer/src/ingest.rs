@@ -86,8 +86,11 @@ pub async fn run(
                     }
                     (applied, caught_up_ms)
                 };
+                // Reports that every shard has caught up with free what they
+                // cover, and leases past expiry plus grace retire, as soon
+                // as a push shows it.
                 if let (Some(leases), Some(caught_up_ms)) = (&leases, caught_up_ms) {
-                    leases.settle(caught_up_ms);
+                    leases.retire(caught_up_ms);
                 }
                 metrics::counter!(PACER_UPDATES_TOTAL).increment(1);
                 metrics::gauge!(PACER_LAG_SECONDS).set((now - update.watermark_ms).max(0) as f64 / 1000.0);

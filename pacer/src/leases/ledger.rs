@@ -74,7 +74,7 @@ impl Lease {
 /// How far past a report's push every shard must have caught up before
 /// the report frees anything: room for the aggregators' clocks (each
 /// stamps its own watermarks) being a little apart.
-pub const REPORT_MARGIN_MS: i64 = 1_000;
+pub const REPORT_MARGIN_MS: i64 = 250;
 
 /// What [`Ledger::retire`] took out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -128,7 +128,7 @@ impl Leases {
 
     /// Take the lease keys out of a sums push complete as of `as_of_ms`:
     /// their sums are the spend reported under each lease, which frees
-    /// what it covers once every shard has caught up ([`Leases::settle`]).
+    /// what it covers once every shard has caught up ([`Leases::retire`]).
     pub fn take_reports(&self, entries: &mut Vec<SumEntry>, as_of_ms: i64) {
         if !entries.iter().any(|e| e.limit.starts_with('~')) {
             return;
@@ -144,12 +144,7 @@ impl Leases {
     }
 
     /// Every shard has caught up to `caught_up_ms`: apply the reports that
-    /// waited for it.
-    pub fn settle(&self, caught_up_ms: i64) {
-        self.ledger().settle(caught_up_ms);
-    }
-
-    /// Retire what expired more than the grace before `caught_up_ms`.
+    /// waited for it, and retire what expired more than the grace before.
     pub fn retire(&self, caught_up_ms: i64) {
         let (retired, live) = {
             let mut ledger = self.ledger();
