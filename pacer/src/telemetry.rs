@@ -1,8 +1,10 @@
 //! Metric names only the pacer exports (the rule of
 //! `adspend_common::telemetry`: `adspend_pacer_<thing>_<unit>`), with their
 //! `# HELP` texts, and the bucket bounds of every histogram of the pacer.
-//! The budget alerts' and the spend leases' names are in [`crate::alerts`]
-//! and [`crate::leases`].
+//! The budget alerts' and the spend leases' other names are in
+//! [`crate::alerts`] and [`crate::leases`]; every histogram is named here,
+//! beside its bucket bounds, as the recorder is built from them before any
+//! of those starts.
 
 pub const PACER_UPDATES_TOTAL: &str = "adspend_pacer_updates_total";
 pub const PACER_STALE_UPDATES_TOTAL: &str = "adspend_pacer_stale_updates_total";
@@ -28,9 +30,12 @@ pub const PACER_INPUT_LAG_SECONDS: &str = "adspend_pacer_input_lag_seconds";
 /// token), `forbidden` (a token of the other scope) or `timeout`.
 pub const PACER_HTTP_REFUSED_TOTAL: &str = "adspend_pacer_http_refused_total";
 
-/// Bucket bounds of the leases' `LEASE_COMMIT_SECONDS`: a commit is one
+/// Time to plan and write one batch of lease requests to the ledger (a
+/// histogram).
+pub const LEASE_COMMIT_SECONDS: &str = "adspend_pacer_lease_commit_seconds";
+/// Bucket bounds of [`LEASE_COMMIT_SECONDS`]: a commit is one
 /// JetStream publish, or a few when it loses races to other pacers (it gives
-/// up after 16, or after 2 s waiting for a winner's grants).
+/// up after 3 s of lost races, or after 2 s waiting for a winner's grants).
 const LEASE_COMMIT_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
@@ -39,7 +44,7 @@ const LEASE_COMMIT_BUCKETS: &[f64] = &[
 /// (`adspend_common::service::Service::HISTOGRAMS`).
 pub const HISTOGRAMS: &[(&str, &[f64])] = &[
     (PACER_FRESHNESS_SECONDS, FRESHNESS_BUCKETS),
-    (crate::leases::LEASE_COMMIT_SECONDS, LEASE_COMMIT_BUCKETS),
+    (LEASE_COMMIT_SECONDS, LEASE_COMMIT_BUCKETS),
 ];
 
 /// The `# HELP` text of the names above, for
@@ -76,6 +81,10 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
         "How far behind the limiters' input is, as the pacer hears from them.",
     ),
     (PACER_HTTP_REFUSED_TOTAL, "API requests refused, by reason."),
+    (
+        LEASE_COMMIT_SECONDS,
+        "Time to plan and write one batch of lease requests to the ledger.",
+    ),
 ];
 
 #[cfg(test)]

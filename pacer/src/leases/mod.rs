@@ -42,6 +42,7 @@ pub use ledger::{Batch, Grant, Held, Ledger};
 pub use plan::Ask;
 
 use crate::state::SpendState;
+use crate::telemetry::LEASE_COMMIT_SECONDS;
 
 /// The ledger stream and its one subject.
 pub const LEASES_STREAM: &str = "LEASES";
@@ -66,7 +67,6 @@ pub const LEASE_EXPIRIES_TOTAL: &str = "adspend_pacer_lease_expiries_total";
 pub const LEASE_UNUSED_MICROS_TOTAL: &str = "adspend_pacer_lease_unused_micros_total";
 pub const LEASES_LIVE: &str = "adspend_pacer_leases_live";
 pub const LEASE_COMMIT_RACES_TOTAL: &str = "adspend_pacer_lease_commit_races_total";
-pub const LEASE_COMMIT_SECONDS: &str = "adspend_pacer_lease_commit_seconds";
 
 pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (LEASE_GRANTS_TOTAL, "Leases granted (more than 0 micros)."),
@@ -85,7 +85,6 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
         LEASE_COMMIT_RACES_TOTAL,
         "Lease commits that found another pacer's commit first and planned again.",
     ),
-    (LEASE_COMMIT_SECONDS, "Time to plan and write one batch of lease requests to the ledger."),
 ];
 
 /// One request's grants, each with its lease id when it granted anything.
