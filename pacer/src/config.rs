@@ -7,8 +7,8 @@ use adspend_common::env;
 use adspend_common::Error;
 use clap::Parser;
 
-use crate::auth::{parse_tokens, Auth};
-use crate::serve::HttpLimits;
+use crate::http::auth::{parse_tokens, Auth};
+use crate::http::serve::HttpLimits;
 
 /// Holds budget state from the aggregators' pushes and answers ad servers:
 /// may I bid on this ad, how hard, what is left.
@@ -167,7 +167,7 @@ pub struct Settings {
     pub metrics_addr: SocketAddr,
     pub ops_addr: Option<SocketAddr>,
     /// HTTPS on the API port; None: plain HTTP.
-    pub tls: Option<crate::serve::tls::Https>,
+    pub tls: Option<crate::http::serve::tls::Https>,
     pub auth: Auth,
     pub http: HttpLimits,
     pub max_decision_ids: usize,
@@ -227,7 +227,7 @@ impl Config {
         })
     }
 
-    fn tls(&self) -> Result<Option<crate::serve::tls::Https>, Error> {
+    fn tls(&self) -> Result<Option<crate::http::serve::tls::Https>, Error> {
         let (cert, key) = (self.tls_cert.trim(), self.tls_key.trim());
         let missing = |name: &'static str, other: &str| Error::Config {
             name,
@@ -238,7 +238,7 @@ impl Config {
             (true, true) => Ok(None),
             (false, true) => Err(missing(env::PACER_TLS_KEY, env::PACER_TLS_CERT)),
             (true, false) => Err(missing(env::PACER_TLS_CERT, env::PACER_TLS_KEY)),
-            (false, false) => crate::serve::tls::load(
+            (false, false) => crate::http::serve::tls::load(
                 (env::PACER_TLS_CERT, std::path::Path::new(cert)),
                 (env::PACER_TLS_KEY, std::path::Path::new(key)),
             )
@@ -304,8 +304,8 @@ mod tests {
         let settings = parse(&[]).validate().unwrap().settings;
         assert_eq!(settings.ops_addr, None);
         assert!(settings.tls.is_none());
-        assert!(!settings.auth.required(crate::auth::Scope::Read));
-        assert!(!settings.auth.required(crate::auth::Scope::Decide));
+        assert!(!settings.auth.required(crate::http::auth::Scope::Read));
+        assert!(!settings.auth.required(crate::http::auth::Scope::Decide));
         assert_eq!(settings.http.request_timeout, Duration::from_secs(10));
         assert_eq!(settings.http.idle_timeout, Duration::from_secs(60));
         assert_eq!(settings.http.max_connections, 1024);

@@ -13,19 +13,13 @@
 //! optional webhook.
 
 pub mod alerts;
-pub mod api;
-mod app;
-pub mod auth;
 pub mod config;
 pub mod controller;
-mod decisions;
 pub mod error;
+pub mod http;
 pub mod ingest;
 pub mod leases;
-mod openapi;
 pub mod pacing;
-pub mod reply;
-pub mod serve;
 pub mod served;
 pub mod shape;
 pub mod sources;
@@ -171,8 +165,8 @@ pub async fn run(
         https = ?settings.tls.as_ref().map(|https| &https.cert),
         ops_addr = ?listeners.ops.as_ref().and_then(|l| l.local_addr().ok()),
         catalog = source.describe(),
-        read = scope(auth::Scope::Read),
-        decide = scope(auth::Scope::Decide),
+        read = scope(http::auth::Scope::Read),
+        decide = scope(http::auth::Scope::Decide),
         max_connections = settings.http.max_connections,
         max_connections_per_addr = settings.http.max_connections_per_addr,
         max_decision_ids = settings.max_decision_ids,
@@ -182,14 +176,14 @@ pub async fn run(
     if let Some(listener) = listeners.ops {
         let shutdown = shutdown.clone();
         tasks.spawn(async move {
-            let served = serve::serve(listener, api::ops_router(), settings.http, None, shutdown);
+            let served = http::serve(listener, http::ops_router(), settings.http, None, shutdown);
             if let Err(e) = served.await {
                 tracing::warn!(error = %e, "operations listener failed");
             }
         });
     }
-    let app = api::router(
-        api::AppState {
+    let app = http::router(
+        http::AppState {
             catalog,
             spend,
             sources: reports,
@@ -200,7 +194,7 @@ pub async fn run(
         settings.auth.clone(),
     );
     let tls = settings.tls.as_ref().map(|https| https.acceptor.clone());
-    let result = serve::serve(listeners.api, app, settings.http, tls, shutdown.clone())
+    let result = http::serve(listeners.api, app, settings.http, tls, shutdown.clone())
         .await
         .map_err(Error::Serve);
     // The ingest, the ticker and the operations listener stop with the API.

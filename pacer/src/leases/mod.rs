@@ -21,7 +21,6 @@
 //! covers ([`Ledger::report`]); leases retire once expired and caught up
 //! past expiry plus the grace (the ticker calls [`Leases::retire`]).
 
-mod api;
 mod ledger;
 mod plan;
 
@@ -37,7 +36,6 @@ use tokio::sync::{mpsc, oneshot, watch, Notify, RwLock};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub(crate) use api::{grant as grant_leases, read as read_lease};
 pub use ledger::{Batch, Grant, Held, Ledger};
 pub use plan::Ask;
 
@@ -114,7 +112,7 @@ pub struct Leases {
 }
 
 impl Leases {
-    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+    pub(crate) fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
         self.ledger.lock().unwrap_or_else(|e| e.into_inner())
     }
 

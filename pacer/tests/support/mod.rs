@@ -8,9 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use adspend_pacer::api::{self, AppState};
-use adspend_pacer::auth::Auth;
-use adspend_pacer::serve::{serve, HttpLimits};
+use adspend_pacer::http::{self, serve, AppState, Auth, HttpLimits};
 use adspend_pacer::state::SpendState;
 use adspend_wire::catalog::Catalog;
 use serde_json::Value;
@@ -71,7 +69,7 @@ pub async fn start_with(
     let shutdown = CancellationToken::new();
     tokio::spawn(serve(
         listener,
-        api::router(state, auth),
+        http::router(state, auth),
         limits,
         None,
         shutdown.clone(),

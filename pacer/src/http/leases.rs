@@ -13,9 +13,9 @@ use serde_json::Value;
 use adspend_wire::lease::LeaseId;
 use adspend_wire::types::MAX_ID_LEN;
 
-use super::Ask;
-use crate::app::AppState;
-use crate::reply::{error, ApiJson, ApiPath};
+use crate::http::app::AppState;
+use crate::http::reply::{error, ApiJson, ApiPath};
+use crate::leases::Ask;
 
 /// Shortest and longest lease, and the default (CONTRACT.md).
 pub const MIN_TTL_MS: u64 = 1_000;

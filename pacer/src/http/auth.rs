@@ -24,7 +24,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use crate::reply::error;
+use crate::http::reply::error;
 use crate::telemetry::PACER_HTTP_REFUSED_TOTAL;
 
 /// The shortest token accepted: a guessable token is no protection.

@@ -35,7 +35,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::reply::error;
+use crate::http::reply::error;
 use crate::telemetry::PACER_HTTP_REFUSED_TOTAL;
 
 mod deadlines;
