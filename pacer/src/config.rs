@@ -120,8 +120,8 @@ pub struct Config {
     /// The pacing served: `adspend` (its own) or `baseline` (LinkedIn-style
     /// pass-through rate, stop at the visible budget; for comparisons).
     #[arg(long, env = env::PACER_ALGORITHM, value_enum,
-          default_value_t = crate::controller::Algorithm::Adspend)]
-    pub algorithm: crate::controller::Algorithm,
+          default_value_t = crate::pacing::controller::Algorithm::Adspend)]
+    pub algorithm: crate::pacing::controller::Algorithm,
     /// How long after a spend lease expires its unreported spend may still
     /// arrive: the lease holds its limits until the pipeline has caught up
     /// this far past its expiry (CONTRACT.md "Spend leases"). Spend

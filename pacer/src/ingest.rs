@@ -15,7 +15,7 @@ use tokio::sync::{watch, RwLock};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
-use crate::state::{Applied, SpendState};
+use crate::pacing::state::{Applied, SpendState};
 use crate::telemetry::{
     PACER_FRESHNESS_SECONDS, PACER_LAG_SECONDS, PACER_RESYNCS_TOTAL, PACER_STALE_UPDATES_TOTAL,
     PACER_UPDATES_TOTAL,
@@ -121,7 +121,7 @@ mod tests {
     use adspend_wire::codec::{decode_push, encode_sums};
     use adspend_wire::types::{SumEntry, SumsUpdate};
 
-    use crate::state::SpendState;
+    use crate::pacing::state::SpendState;
 
     fn push(push_seq: u64, watermark_ms: i64, source_ms: i64) -> SumsUpdate {
         SumsUpdate {

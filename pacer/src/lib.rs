@@ -14,16 +14,12 @@
 
 pub mod alerts;
 pub mod config;
-pub mod controller;
 pub mod error;
 pub mod http;
 pub mod ingest;
 pub mod leases;
 pub mod pacing;
-pub mod served;
-pub mod shape;
 pub mod sources;
-pub mod state;
 pub(crate) mod telemetry;
 
 use std::net::SocketAddr;
@@ -111,11 +107,11 @@ pub async fn run(
         reports.clone(),
         shutdown.clone(),
     ));
-    let spend = Arc::new(RwLock::new(state::SpendState {
+    let spend = Arc::new(RwLock::new(pacing::SpendState {
         stale_after_ms: config.stale_after_ms as i64,
         listening_since_ms: Some(adspend_common::now_ms()),
         algorithm: config.algorithm,
-        ..state::SpendState::default()
+        ..pacing::SpendState::default()
     }));
     let leases = leases::start(
         client.clone(),
@@ -209,13 +205,13 @@ const HISTORY_EVERY: u64 = 10;
 
 /// Advance the controllers every second; decay the traffic shape hourly.
 async fn ticker(
-    spend: Arc<RwLock<state::SpendState>>,
+    spend: Arc<RwLock<pacing::SpendState>>,
     reports: Arc<std::sync::Mutex<sources::SourceReports>>,
     catalog: tokio::sync::watch::Receiver<Arc<adspend_wire::catalog::Catalog>>,
     leases: leases::Leases,
     shutdown: CancellationToken,
 ) {
-    let gains = controller::Gains::default();
+    let gains = pacing::controller::Gains::default();
     let mut interval = tokio::time::interval(TICK);
     let mut ticks: u64 = 0;
     loop {

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch, RwLock};
 use tokio_util::sync::CancellationToken;
 
 use super::Alert;
-use crate::state::SpendState;
+use crate::pacing::state::SpendState;
 
 /// How often the held spend is compared with the thresholds.
 const PASS_EVERY: Duration = Duration::from_millis(250);

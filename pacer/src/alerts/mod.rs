@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, watch, RwLock};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::state::SpendState;
+use crate::pacing::state::SpendState;
 
 pub use recent::Recent;
 

@@ -141,7 +141,7 @@ async fn get_limit(State(app): State<AppState>, ApiPath(limit_id): ApiPath<Strin
 #[derive(Serialize)]
 struct History<'a> {
     limit_id: String,
-    points: &'a [crate::state::Point],
+    points: &'a [crate::pacing::state::Point],
 }
 
 /// Spend, plan and multiplier over the current period (dashboard charts).

@@ -27,7 +27,7 @@ mod tests {
     use super::DOCUMENT;
     use crate::http::api::{self, AppState};
     use crate::http::auth::Auth;
-    use crate::state::SpendState;
+    use crate::pacing::state::SpendState;
 
     const READ: &str = "read-token-0123456789abcdef";
     const DECIDE: &str = "decide-token-0123456789abcdef";

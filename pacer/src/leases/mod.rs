@@ -39,7 +39,7 @@ use tokio_util::task::TaskTracker;
 pub use ledger::{Batch, Grant, Held, Ledger};
 pub use plan::Ask;
 
-use crate::state::SpendState;
+use crate::pacing::state::SpendState;
 use crate::telemetry::LEASE_COMMIT_SECONDS;
 
 /// The ledger stream and its one subject.

@@ -10,8 +10,8 @@ use adspend_wire::catalog::Catalog;
 use chrono::{DateTime, Utc};
 
 use super::ledger::{Grant, Ledger};
+use crate::pacing::state::SpendState;
 use crate::pacing::verdict;
-use crate::state::SpendState;
 
 /// One ad of a request, checked: a known ad, at least one micro.
 #[derive(Clone, Debug, PartialEq, Eq)]

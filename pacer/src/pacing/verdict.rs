@@ -5,8 +5,8 @@ use adspend_wire::catalog::{Catalog, Limit, Period};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::controller::{lag_guard, Algorithm, GuardInput};
-use crate::state::{LimitSums, SpendState, RATE_WINDOW_MS};
+use crate::pacing::controller::{lag_guard, Algorithm, GuardInput};
+use crate::pacing::state::{LimitSums, SpendState, RATE_WINDOW_MS};
 
 /// Fraction of the period elapsed at `now` and the period's length in ms
 /// (None for lifetime limits).

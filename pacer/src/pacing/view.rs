@@ -6,7 +6,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
 use super::verdict::{plan_micros, verdict};
-use crate::state::SpendState;
+use crate::pacing::state::SpendState;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct PacingView {
@@ -30,7 +30,7 @@ pub struct LimitView {
     pub watermark: Option<String>,
     pub lag_ms: i64,
     /// The limit's shard has not pushed for the stale threshold: its ads are
-    /// not servable (see [`crate::state::SpendState::limit_stale`]).
+    /// not servable (see [`crate::pacing::state::SpendState::limit_stale`]).
     pub stale: bool,
     pub overspend_bound_micros: u64,
     /// Planned spend by now (daily limits; the budget for lifetime ones).

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use adspend_pacer::http::{self, serve, AppState, Auth, HttpLimits};
-use adspend_pacer::state::SpendState;
+use adspend_pacer::pacing::SpendState;
 use adspend_wire::catalog::Catalog;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use adspend_wire::types::{SumsUpdate, LIFETIME_BUCKET};
 
-use crate::controller::{Algorithm, Controller};
-use crate::shape::TrafficShape;
+use crate::pacing::controller::{Algorithm, Controller};
+use crate::pacing::shape::TrafficShape;
 
 /// Buckets kept per limit: today in any zone plus a little history.
 const BUCKETS_KEPT: usize = 4;
@@ -151,7 +151,7 @@ pub struct Pacing {
     pub bucket: u32,
     pub history: Vec<Point>,
     /// The multipliers served, for the lag guard's in-flight estimate.
-    pub served: crate::served::Served,
+    pub served: crate::pacing::served::Served,
 }
 
 /// How long a shard may go without an accepted push before its limits are
