@@ -1,25 +1,25 @@
 //! The pacer: aggregator pushes → budget state → answers for bidders.
 //!
-//! [`ingest`] subscribes to the sums pushes and folds them into
-//! [`state::SpendState`] (never backwards, fenced owners dropped, silent
-//! shards marked stale); [`api`] joins that state with the catalog's budgets
-//! through [`pacing`] to answer `/v1/limits` and `/v1/decisions` (a batch
-//! bounded and decided a chunk at a time, `decisions`), and serves the
-//! dashboard, behind the optional bearer tokens of [`auth`], with JSON
-//! errors ([`reply`]), on listeners that [`serve`] guards against slow
-//! clients and greedy addresses. [`sources`] keeps the limiters' per-source
-//! reports for `/v1/sources`. [`alerts`] announces budget alerts from the
-//! held spend, follows them for `/v1/alerts` and delivers them to the
-//! optional webhook.
+//! [`input`] hears the NATS side: the sums pushes, folded into
+//! [`pacing::SpendState`] (never backwards, fenced owners dropped, silent
+//! shards marked stale), and the limiters' per-source reports. [`pacing`]
+//! holds that state with each limit's controller and the traffic shape, and
+//! turns it and the catalog's budgets into verdicts and decisions; the
+//! ticker here advances it every second. [`http`] answers `/v1/limits`,
+//! `/v1/decisions`, `/v1/leases`, `/v1/sources` and `/v1/alerts` and serves
+//! the dashboard, behind optional bearer tokens, with JSON errors, on
+//! listeners guarded against slow clients and greedy addresses.
+//! [`leases`] grants spend leases through the ledger all pacers share.
+//! [`alerts`] announces budget alerts from the held spend, follows them for
+//! `/v1/alerts` and delivers them to the optional webhook.
 
 pub mod alerts;
 pub mod config;
 pub mod error;
 pub mod http;
-pub mod ingest;
+mod input;
 pub mod leases;
 pub mod pacing;
-pub mod sources;
 pub(crate) mod telemetry;
 
 use std::net::SocketAddr;
@@ -99,10 +99,12 @@ pub async fn run(
     let addr = listeners.api.local_addr().unwrap_or(settings.api_addr);
     let catalog = source.clone().watch(shutdown.clone(), &tasks).await?;
     let client = nats::connect(&config.nats, "adspend-pacer").await?;
-    let pushes = ingest::subscribe(&client).await?;
-    let source_reports = sources::subscribe(&client).await?;
-    let reports = Arc::new(std::sync::Mutex::new(sources::SourceReports::default()));
-    tasks.spawn(sources::run(
+    let pushes = input::ingest::subscribe(&client).await?;
+    let source_reports = input::sources::subscribe(&client).await?;
+    let reports = Arc::new(std::sync::Mutex::new(
+        input::sources::SourceReports::default(),
+    ));
+    tasks.spawn(input::sources::run(
         source_reports,
         reports.clone(),
         shutdown.clone(),
@@ -123,7 +125,7 @@ pub async fn run(
         shutdown.clone(),
     )
     .await;
-    tasks.spawn(ingest::run(
+    tasks.spawn(input::ingest::run(
         client.clone(),
         pushes,
         spend.clone(),
@@ -206,7 +208,7 @@ const HISTORY_EVERY: u64 = 10;
 /// Advance the controllers every second; decay the traffic shape hourly.
 async fn ticker(
     spend: Arc<RwLock<pacing::SpendState>>,
-    reports: Arc<std::sync::Mutex<sources::SourceReports>>,
+    reports: Arc<std::sync::Mutex<input::sources::SourceReports>>,
     catalog: tokio::sync::watch::Receiver<Arc<adspend_wire::catalog::Catalog>>,
     leases: leases::Leases,
     shutdown: CancellationToken,

@@ -174,7 +174,7 @@ pub struct SpendState {
     /// The pacing served (`ADSPEND_PACER_ALGORITHM`).
     pub algorithm: Algorithm,
     /// How far behind the limiters' input is, ms (set every tick from
-    /// their reports, [`crate::sources::SourceReports::input_lag_ms`]).
+    /// their reports, [`crate::input::sources::SourceReports::input_lag_ms`]).
     pub input_lag_ms: i64,
 }
 
