@@ -425,7 +425,7 @@ fn too_deep(limits: &HashMap<Arc<str>, Arc<Limit>>, id: &Arc<str>) -> String {
     )
 }
 
-pub mod alerts;
+mod alerts;
 
 #[cfg(test)]
 mod tests;
