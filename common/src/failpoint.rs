@@ -63,13 +63,13 @@ mod armed {
         })
     }
 
-    pub fn armed_for(name: &str, value: u64) -> bool {
+    pub(super) fn armed_for(name: &str, value: u64) -> bool {
         points()
             .get(name)
             .is_some_and(|p| p.value.as_deref() == Some(value.to_string().as_str()))
     }
 
-    pub fn hit(name: &str, damage: impl FnOnce()) {
+    pub(super) fn hit(name: &str, damage: impl FnOnce()) {
         if let Some(point) = points().get(name).filter(|p| p.value.is_none()) {
             if point.hits.fetch_add(1, Ordering::SeqCst) + 1 == point.fire_at {
                 if let Some(stall) = point.stall {
