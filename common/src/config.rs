@@ -125,7 +125,7 @@ pub struct EtcdArgs {
 pub(crate) struct EtcdTlsFiles {
     pub ca: Vec<u8>,
     /// Client certificate and key, for mutual TLS.
-    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    pub(crate) identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl EtcdArgs {

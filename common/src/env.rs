@@ -16,7 +16,7 @@ pub(crate) const ETCD_TLS_CERT: &str = "ADSPEND_ETCD_TLS_CERT";
 pub(crate) const ETCD_TLS_KEY: &str = "ADSPEND_ETCD_TLS_KEY";
 pub const METRICS_ADDR: &str = "ADSPEND_METRICS_ADDR";
 pub(crate) const FAILPOINTS: &str = "ADSPEND_FAILPOINTS";
-pub const WORKER_THREADS: &str = "ADSPEND_WORKER_THREADS";
+pub(crate) const WORKER_THREADS: &str = "ADSPEND_WORKER_THREADS";
 
 // Limiter and aggregator
 pub(crate) const STREAM_REPLICAS: &str = "ADSPEND_STREAM_REPLICAS";

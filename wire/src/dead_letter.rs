@@ -14,7 +14,7 @@ use serde::Serialize;
 /// The longest piece of a rejected line a dead letter carries, in bytes.
 pub const LINE_BYTES: usize = 4096;
 /// The longest reason detail a dead letter carries, in bytes.
-pub const DETAIL_BYTES: usize = 512;
+pub(crate) const DETAIL_BYTES: usize = 512;
 /// Dead letters of one input message, one per rejected line; the lines past
 /// these are summed up in one more letter (reason `rejected_lines_summary`).
 pub const PER_MESSAGE: u32 = 100;
