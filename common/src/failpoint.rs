@@ -55,7 +55,7 @@ mod armed {
     fn points() -> &'static HashMap<String, Point> {
         static POINTS: OnceLock<HashMap<String, Point>> = OnceLock::new();
         POINTS.get_or_init(|| {
-            let spec = std::env::var("ADSPEND_FAILPOINTS").unwrap_or_default();
+            let spec = std::env::var(crate::env::FAILPOINTS).unwrap_or_default();
             spec.split(',')
                 .filter(|s| !s.is_empty())
                 .map(parse)
