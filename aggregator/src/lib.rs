@@ -58,7 +58,8 @@ use crate::snapshot_store::SnapshotStore;
 use adspend_common::nats;
 use adspend_common::service::{self, Context, Service};
 
-pub use config::{Config, Ownership, SnapshotUrl, Validated};
+use config::Ownership;
+pub use config::{Config, Validated};
 pub use error::Error;
 
 impl Service for Validated {
