@@ -14,11 +14,11 @@
 //! `/v1/alerts` and delivers them to the optional webhook.
 
 pub mod alerts;
-pub mod config;
-pub mod error;
+mod config;
+mod error;
 pub mod http;
 mod input;
-pub mod leases;
+mod leases;
 pub mod pacing;
 pub(crate) mod telemetry;
 

@@ -21,7 +21,7 @@ use crate::pacing::{view, LimitView};
 /// Largest request body accepted (a decisions batch): 413 above it.
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 
-pub use crate::http::app::AppState;
+pub(super) use crate::http::app::AppState;
 
 /// One route: method (as the OpenAPI document spells it), path, handler.
 /// The router is built from these tables and `crate::http::openapi`'s test checks

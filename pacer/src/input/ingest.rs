@@ -26,7 +26,9 @@ const RESYNC_MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// started after our first request).
 const SILENCE: Duration = Duration::from_secs(3);
 
-pub async fn subscribe(client: &async_nats::Client) -> Result<async_nats::Subscriber, Error> {
+pub(crate) async fn subscribe(
+    client: &async_nats::Client,
+) -> Result<async_nats::Subscriber, Error> {
     let subject = format!("{SUMS_SUBJECT_PREFIX}.>");
     client
         .subscribe(subject.clone())
@@ -34,7 +36,7 @@ pub async fn subscribe(client: &async_nats::Client) -> Result<async_nats::Subscr
         .map_err(|source| Error::Subscribe { subject, source })
 }
 
-pub async fn run(
+pub(crate) async fn run(
     client: async_nats::Client,
     mut pushes: async_nats::Subscriber,
     state: Arc<RwLock<SpendState>>,

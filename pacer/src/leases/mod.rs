@@ -36,19 +36,19 @@ use tokio::sync::{mpsc, oneshot, watch, Notify, RwLock};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use ledger::{Batch, Grant, Held, Ledger};
-pub use plan::Ask;
+pub(crate) use ledger::{Batch, Grant, Ledger};
+pub(crate) use plan::Ask;
 
 use crate::pacing::state::SpendState;
 use crate::telemetry::LEASE_COMMIT_SECONDS;
 
 /// The ledger stream and its one subject.
-pub const LEASES_STREAM: &str = "LEASES";
-pub const LEASES_SUBJECT: &str = "adspend.leases";
+pub(crate) const LEASES_STREAM: &str = "LEASES";
+pub(crate) const LEASES_SUBJECT: &str = "adspend.leases";
 /// How long the stream keeps a commit: far beyond the longest lease (10
 /// minutes) plus any grace a pacer runs with, so a pacer starting now
 /// still reads every grant that can be live.
-pub const LEDGER_MAX_AGE: Duration = Duration::from_secs(3600);
+pub(crate) const LEDGER_MAX_AGE: Duration = Duration::from_secs(3600);
 /// Most requests planned and committed together.
 const MAX_QUEUED: usize = 256;
 /// How long a commit that lost the race waits to fold the winner's grants
@@ -58,15 +58,15 @@ const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(2);
 /// gives up (503).
 const RACE_TIMEOUT: Duration = Duration::from_secs(3);
 
-pub const LEASE_GRANTS_TOTAL: &str = "adspend_pacer_lease_grants_total";
-pub const LEASE_GRANTED_MICROS_TOTAL: &str = "adspend_pacer_lease_granted_micros_total";
-pub const LEASE_REFUSALS_TOTAL: &str = "adspend_pacer_lease_refusals_total";
-pub const LEASE_EXPIRIES_TOTAL: &str = "adspend_pacer_lease_expiries_total";
-pub const LEASE_UNUSED_MICROS_TOTAL: &str = "adspend_pacer_lease_unused_micros_total";
-pub const LEASES_LIVE: &str = "adspend_pacer_leases_live";
-pub const LEASE_COMMIT_RACES_TOTAL: &str = "adspend_pacer_lease_commit_races_total";
+pub(crate) const LEASE_GRANTS_TOTAL: &str = "adspend_pacer_lease_grants_total";
+pub(crate) const LEASE_GRANTED_MICROS_TOTAL: &str = "adspend_pacer_lease_granted_micros_total";
+pub(crate) const LEASE_REFUSALS_TOTAL: &str = "adspend_pacer_lease_refusals_total";
+pub(crate) const LEASE_EXPIRIES_TOTAL: &str = "adspend_pacer_lease_expiries_total";
+pub(crate) const LEASE_UNUSED_MICROS_TOTAL: &str = "adspend_pacer_lease_unused_micros_total";
+pub(crate) const LEASES_LIVE: &str = "adspend_pacer_leases_live";
+pub(crate) const LEASE_COMMIT_RACES_TOTAL: &str = "adspend_pacer_lease_commit_races_total";
 
-pub const DESCRIPTIONS: &[(&str, &str)] = &[
+pub(crate) const DESCRIPTIONS: &[(&str, &str)] = &[
     (LEASE_GRANTS_TOTAL, "Leases granted (more than 0 micros)."),
     (LEASE_GRANTED_MICROS_TOTAL, "Micros granted in leases."),
     (
@@ -86,7 +86,7 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
 ];
 
 /// One request's grants, each with its lease id when it granted anything.
-pub type Granted = Vec<(Grant, Option<LeaseId>)>;
+pub(crate) type Granted = Vec<(Grant, Option<LeaseId>)>;
 
 /// One request waiting for the committer.
 struct Queued {
@@ -98,7 +98,7 @@ struct Queued {
 /// Why no grant could be made: the ledger is not loaded yet, or could not
 /// be written.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unavailable(pub String);
+pub(crate) struct Unavailable(pub String);
 
 /// This pacer's view of the ledger and its way in.
 #[derive(Clone)]
@@ -118,14 +118,14 @@ impl Leases {
 
     /// What the live leases hold of `limit`'s budget (its spend in flight
     /// under leases), and how many there are.
-    pub fn held_and_live(&self, limit: &str) -> (u64, u64) {
+    pub(crate) fn held_and_live(&self, limit: &str) -> (u64, u64) {
         let held = self.ledger().held_by(limit);
         (held.micros, held.leases)
     }
 
     /// Take the lease keys out of a sums push: their sums are the spend
     /// reported under each lease, which frees what it covers.
-    pub fn take_reports(&self, entries: &mut Vec<SumEntry>) {
+    pub(crate) fn take_reports(&self, entries: &mut Vec<SumEntry>) {
         if !entries.iter().any(|e| e.limit.starts_with('~')) {
             return;
         }
@@ -140,7 +140,7 @@ impl Leases {
     }
 
     /// Retire what expired more than the grace before `caught_up_ms`.
-    pub fn retire(&self, caught_up_ms: i64) {
+    pub(crate) fn retire(&self, caught_up_ms: i64) {
         let (retired, live) = {
             let mut ledger = self.ledger();
             (ledger.retire(caught_up_ms, self.grace_ms), ledger.live())
@@ -152,7 +152,11 @@ impl Leases {
 
     /// Grant what can be granted of `asks`, each lease expiring at
     /// `expires_at_ms`.
-    pub async fn grant(&self, asks: Vec<Ask>, expires_at_ms: i64) -> Result<Granted, Unavailable> {
+    pub(crate) async fn grant(
+        &self,
+        asks: Vec<Ask>,
+        expires_at_ms: i64,
+    ) -> Result<Granted, Unavailable> {
         if !*self.ready.borrow() {
             return Err(Unavailable(
                 "the lease ledger is still being read (this pacer just started)".into(),
@@ -187,7 +191,7 @@ struct Committer {
 /// Start the ledger: create the stream if missing, follow it, and commit
 /// grants. A pacer whose NATS user may not use the stream still serves
 /// everything else; its lease requests are answered 503 until it can.
-pub async fn start(
+pub(crate) async fn start(
     client: async_nats::Client,
     replicas: usize,
     grace_ms: i64,

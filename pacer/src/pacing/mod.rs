@@ -31,9 +31,11 @@ mod verdict;
 mod view;
 
 pub use state::SpendState;
-pub use tick::{stale_limits, tick};
-pub use verdict::{decide, decide_counted, verdict, Decision, Verdict};
-pub use view::{view, LimitView, PacingView};
+pub(crate) use tick::stale_limits;
+pub use tick::tick;
+pub(crate) use verdict::decide_counted;
+pub use verdict::{decide, verdict, Decision, Verdict};
+pub(crate) use view::{view, LimitView};
 
 #[cfg(test)]
 mod loop_tests;
@@ -46,7 +48,7 @@ pub(crate) mod test_support {
 
     /// Push `entries` (bucket, micros) of one limit from shard "all", one
     /// sequence past what the state holds.
-    pub fn push(
+    pub(crate) fn push(
         state: &mut SpendState,
         limit: &str,
         entries: Vec<(u32, u64)>,
@@ -78,7 +80,7 @@ pub(crate) mod test_support {
         );
     }
 
-    pub const HIERARCHY: &[u8] = br#"{
+    pub(crate) const HIERARCHY: &[u8] = br#"{
       "limits": {
         "account": {"budget_micros": 10000, "period": "lifetime"},
         "campaign": {"budget_micros": 5000, "period": "daily", "time_zone": "Europe/Berlin", "parent": "account"},

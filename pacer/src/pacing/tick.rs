@@ -107,7 +107,7 @@ pub fn tick(
 }
 
 /// Catalog limits that are stale at `now` (the stale-limits gauge).
-pub fn stale_limits(state: &SpendState, catalog: &Catalog, now: DateTime<Utc>) -> usize {
+pub(crate) fn stale_limits(state: &SpendState, catalog: &Catalog, now: DateTime<Utc>) -> usize {
     let now_ms = now.timestamp_millis();
     catalog
         .limits

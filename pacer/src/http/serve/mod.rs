@@ -42,9 +42,9 @@ mod deadlines;
 mod per_addr;
 pub(crate) mod tls;
 
-pub use self::deadlines::Deadlines;
+pub(crate) use self::deadlines::Deadlines;
 use self::per_addr::PerAddr;
-pub use self::tls::Conn;
+pub(crate) use self::tls::Conn;
 use self::tls::TlsAcceptor;
 
 /// Limits of one HTTP listener.
