@@ -4,15 +4,17 @@
 # simulated ad servers against it, and the pacer's per-limit spend printed
 # next to the budgets and the ground truth.
 #
-# By default the ad servers ask the pacer before they serve (closed loop,
-# `adsim serve`): a day of traffic compressed into DEMO_DAY, each server
-# serving an ad only when the pacer says it is servable, with probability
-# equal to its multiplier; exhausted limits stop being served.
+# By default the ad servers serve by spend leases (closed loop, `adsim
+# serve --mode leases`): a day of traffic compressed into DEMO_DAY, each
+# server leasing ahead per ad (POST /v1/leases, DEMO_LEASE_TTL_MS, 3 s by
+# default) and serving only what its leases pay for, so no limit ends over
+# its budget; the pacer holds an expired lease's unreported spend for
+# DEMO_LEASE_GRACE_MS (3 s: the demo's impressions arrive at once).
 #
 #   DEMO_DAY=60s DEMO_PEAK_RATE=2000 scripts/demo.sh
 #
-# DEMO_SERVE=leases has them serve by spend leases instead (POST /v1/leases:
-# each server leases ahead per ad and serves only what its leases pay for).
+# DEMO_SERVE=decisions has them ask POST /v1/decisions instead and serve an
+# ad only when it is servable, with probability equal to its multiplier.
 #
 # DEMO_MODE=open publishes regardless of budgets instead (`adsim run`, the
 # throughput demo): DEMO_EVENTS=200000 DEMO_BATCH=100 DEMO_MODE=open scripts/demo.sh
@@ -36,7 +38,9 @@ cd "$root"
 events=${DEMO_EVENTS:-200000}
 batch=${DEMO_BATCH:-100}
 mode=${DEMO_MODE:-closed}
-serve=${DEMO_SERVE:-decisions}
+serve=${DEMO_SERVE:-leases}
+lease_ttl_ms=${DEMO_LEASE_TTL_MS:-3000}
+export ADSPEND_PACER_LEASE_GRACE_MS=${DEMO_LEASE_GRACE_MS:-3000}
 day=${DEMO_DAY:-60s}
 peak_rate=${DEMO_PEAK_RATE:-2000}
 out="$root/demo-out"
@@ -143,7 +147,8 @@ if [ "$mode" = open ]; then
 else
   echo "demo: ad servers asking the pacer ($serve) before they serve, a day compressed into $day (peak $peak_rate requests/s)"
   (as_role adserver "$bin/adsim" serve --catalog "$out/catalog.json" --truth-out "$out/truth.json" \
-    --pacer-url http://127.0.0.1:8080 --day "$day" --peak-rate "$peak_rate" --mode "$serve" --seed 7)
+    --pacer-url http://127.0.0.1:8080 --day "$day" --peak-rate "$peak_rate" --mode "$serve" \
+    --lease-ttl-ms "$lease_ttl_ms" --seed 7)
 fi
 "$bin/adcheck" --truth "$out/truth.json" --timeout 120 --show 15
 end_ns=$(date +%s%N)

@@ -72,6 +72,11 @@ pub struct RawInput<'a> {
 pub struct Encoded {
     pub out: Output,
     pub(crate) outgoing: Vec<OutMessage>,
+    /// `outgoing[after..]` (the spend on leases' keys, then the dead
+    /// letters) is published only once `outgoing[..after]` (the spend on
+    /// limits) is stored: a lease's reported spend must never be counted
+    /// before the same impressions' spend on its limits can be.
+    pub(crate) after: usize,
     pub(crate) spend: Vec<(u32, u64)>,
     /// Impressions read again (their message was redelivered).
     pub(crate) redelivered: u64,
@@ -108,16 +113,29 @@ impl Mapping {
         let source_ms = emit::chunk_source_ms(published_min, out.oldest_ts_ms);
         let mut outgoing: Vec<OutMessage> = Vec::new();
         let mut spend = Vec::new();
-        for (partition, part) in out.partitions.iter().enumerate() {
-            for (payload, tuples) in part.encode(self.tuples_per_message, source_ms) {
-                spend.push((partition as u32, tuples as u64));
-                outgoing.push(OutMessage {
-                    subject: spend_subject(partition as u32),
-                    headers: HeaderMap::new(),
-                    payload: payload.into(),
-                });
+        let encode = |parts: &[emit::PartitionOut],
+                      outgoing: &mut Vec<OutMessage>,
+                      spend: &mut Vec<(u32, u64)>| {
+            for (partition, part) in parts.iter().enumerate() {
+                for (payload, tuples) in part.encode(self.tuples_per_message, source_ms) {
+                    spend.push((partition as u32, tuples as u64));
+                    outgoing.push(OutMessage {
+                        subject: spend_subject(partition as u32),
+                        headers: HeaderMap::new(),
+                        payload: payload.into(),
+                    });
+                }
             }
-        }
+        };
+        encode(&out.partitions, &mut outgoing, &mut spend);
+        let limits_end = outgoing.len();
+        encode(&out.leases, &mut outgoing, &mut spend);
+        // Nothing waits for the limits' spend when no lease's follows.
+        let after = if outgoing.len() > limits_end {
+            limits_end
+        } else {
+            outgoing.len() + out.dead_letters.len()
+        };
         for letter in &out.dead_letters {
             let mut headers = HeaderMap::new();
             headers.insert("Nats-Msg-Id", letter.msg_id().as_str());
@@ -132,6 +150,7 @@ impl Mapping {
         Encoded {
             out,
             outgoing,
+            after,
             spend,
             redelivered,
         }
@@ -275,9 +294,24 @@ impl Limiter {
     }
 
     /// Publish everything and wait for JetStream to acknowledge all of it
-    /// (re-sent tuples carry the same ids and are dropped downstream).
+    /// (re-sent tuples carry the same ids and are dropped downstream): the
+    /// spend on limits first, then, once it is stored, the rest.
     async fn publish_output(&self, encoded: &Encoded) -> Publish {
-        let published = self.publisher.publish(&encoded.outgoing, true).await;
+        let (first, then) = encoded
+            .outgoing
+            .split_at(encoded.after.min(encoded.outgoing.len()));
+        let published = match self.publisher.publish(first, true).await {
+            Publish::Done(mut seqs) if !then.is_empty() => {
+                match self.publisher.publish(then, true).await {
+                    Publish::Done(more) => {
+                        seqs.extend(more);
+                        Publish::Done(seqs)
+                    }
+                    other => other,
+                }
+            }
+            other => other,
+        };
         if let Publish::Done(seqs) = &published {
             metrics::counter!(SPEND_MESSAGES_TOTAL).increment(encoded.spend.len() as u64);
             for (&(partition, tuples), &seq) in encoded.spend.iter().zip(seqs) {

@@ -81,6 +81,11 @@ impl PartitionOut {
 pub struct Output {
     /// Indexed by partition.
     pub(crate) partitions: Vec<PartitionOut>,
+    /// The spend booked to spend leases' keys, indexed by partition: kept
+    /// apart, to be published after the rest of the chunk is stored
+    /// (`crate::chunk`), so that a lease's reported spend never reaches
+    /// the aggregators before the same impressions' spend on its limits.
+    pub(crate) leases: Vec<PartitionOut>,
     pub(crate) dead_letters: Vec<DeadLetter>,
     pub impressions: u64,
     pub(crate) rejected: Vec<(Reason, u64)>,
@@ -121,6 +126,7 @@ impl Output {
     pub(crate) fn new(partitions: u32) -> Self {
         Output {
             partitions: (0..partitions).map(|_| PartitionOut::default()).collect(),
+            leases: (0..partitions).map(|_| PartitionOut::default()).collect(),
             max_cost_micros: DEFAULT_MAX_COST_MICROS,
             ..Default::default()
         }
@@ -147,7 +153,11 @@ impl Output {
     }
 
     pub(crate) fn tuples(&self) -> usize {
-        self.partitions.iter().map(|p| p.tuples.len()).sum()
+        self.partitions
+            .iter()
+            .chain(&self.leases)
+            .map(|p| p.tuples.len())
+            .sum()
     }
 
     /// The impression was served under the spend lease `lease_id`: its cost
@@ -161,15 +171,15 @@ impl Output {
         let (partition, index) = match self.lease_slots.get(key.as_str()) {
             Some(slot) => *slot,
             None => {
-                let partition = partition_of(&key, self.partitions.len() as u32);
-                let out = &mut self.partitions[partition as usize];
+                let partition = partition_of(&key, self.leases.len() as u32);
+                let out = &mut self.leases[partition as usize];
                 out.limits.push(Arc::from(key.as_str()));
                 let slot = (partition, out.limits.len() as u32 - 1);
                 self.lease_slots.insert(key.clone().into_boxed_str(), slot);
                 slot
             }
         };
-        self.partitions[partition as usize].tuples.push(SpendTuple {
+        self.leases[partition as usize].tuples.push(SpendTuple {
             limit: index,
             bucket: LIFETIME_BUCKET,
             cost_micros,

@@ -363,7 +363,7 @@ proptest! {
         }
 
         let mut emitted = Vec::new();
-        for partition in &out.partitions {
+        for partition in out.partitions.iter().chain(&out.leases) {
             let mut own: Vec<Named> = Vec::new();
             for tuple in &partition.tuples {
                 let limit = partition.limit_of(tuple);
@@ -411,8 +411,14 @@ fn an_impression_under_a_lease_is_booked_to_the_lease_too() {
     assert_eq!(out.impressions, 3);
     // Two limits each, and the two under the lease once more.
     assert_eq!(out.tuples(), 8);
+    assert!(
+        out.partitions
+            .iter()
+            .all(|p| p.limits.iter().all(|l| !l.starts_with("~lease/"))),
+        "lease spend is kept apart"
+    );
     let leased: Vec<(u64, MsgId)> = out
-        .partitions
+        .leases
         .iter()
         .flat_map(|p| p.tuples.iter().map(move |t| (p.limit_of(t), t)))
         .filter(|(limit, _)| *limit == "~lease/lz1k.3.0")

@@ -68,13 +68,14 @@ pub(crate) async fn run(
                 };
                 last_push = Instant::now();
                 if let Some(leases) = &leases {
-                    leases.take_reports(&mut update.entries);
+                    leases.take_reports(&mut update.entries, update.watermark_ms);
                 }
                 let now = adspend_common::now_ms();
-                let applied = {
+                let (applied, caught_up_ms) = {
                     let mut state = state.write().await;
                     arrivals.clear();
                     let applied = state.apply_with_arrivals(&update, now, &mut arrivals);
+                    let caught_up_ms = state.shards.values().map(|s| s.watermark_ms).min();
                     // Impression arrivals teach the traffic shape, in each
                     // limit's local time of day.
                     let catalog = catalog.borrow();
@@ -85,8 +86,14 @@ pub(crate) async fn run(
                             state.shape.observe(now + i64::from(offset) * 1000, *events as f64);
                         }
                     }
-                    applied
+                    (applied, caught_up_ms)
                 };
+                // Reports that every shard has caught up with free what they
+                // cover, and leases past expiry plus grace retire, as soon
+                // as a push shows it.
+                if let (Some(leases), Some(caught_up_ms)) = (&leases, caught_up_ms) {
+                    leases.retire(caught_up_ms);
+                }
                 metrics::counter!(PACER_UPDATES_TOTAL).increment(1);
                 metrics::gauge!(PACER_LAG_SECONDS).set((now - update.watermark_ms).max(0) as f64 / 1000.0);
                 if let Some(source_ms) = update.fresh_source_ms() {

@@ -71,6 +71,11 @@ impl Lease {
     }
 }
 
+/// How far past a report's push every shard must have caught up before
+/// the report frees anything: room for the aggregators' clocks (each
+/// stamps its own watermarks) being a little apart.
+pub(crate) const REPORT_MARGIN_MS: i64 = 250;
+
 /// What [`Ledger::retire`] took out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Retired {
@@ -94,6 +99,9 @@ pub(crate) struct Ledger {
     held: HashMap<Arc<str>, Held>,
     /// Spend reported under leases not folded yet.
     early: BTreeMap<LeaseId, u64>,
+    /// Reports waiting for every shard to catch up with them: (when they
+    /// may apply, the lease, the reported sum).
+    pending: Vec<(i64, LeaseId, u64)>,
     /// The last ledger stream sequence folded.
     folded_seq: u64,
     /// Limit ids, shared by the leases that name them.
@@ -165,9 +173,34 @@ impl Ledger {
         }
     }
 
-    /// The sums pushes say `reported` micros have been spent under `id` so
-    /// far (a lifetime sum: it only grows).
-    pub(crate) fn report(&mut self, id: LeaseId, reported: u64) {
+    /// A sums push complete as of `as_of_ms` says `reported` micros have
+    /// been spent under `id` so far (a lifetime sum: it only grows). It
+    /// frees what it covers only once [`Ledger::settle`] is told every
+    /// shard has caught up past `as_of_ms` plus [`REPORT_MARGIN_MS`]: the
+    /// same impressions' spend on the lease's limits travels in other
+    /// partitions, maybe other shards, and until it shows there, freeing
+    /// the lease would let the budget be granted twice.
+    pub(crate) fn report(&mut self, id: LeaseId, reported: u64, as_of_ms: i64) {
+        self.pending
+            .push((as_of_ms.saturating_add(REPORT_MARGIN_MS), id, reported));
+    }
+
+    /// Apply the reports whose spend every shard has caught up with.
+    pub(crate) fn settle(&mut self, caught_up_ms: i64) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending);
+        for (ready_ms, id, reported) in pending {
+            if ready_ms <= caught_up_ms {
+                self.apply_report(id, reported);
+            } else {
+                self.pending.push((ready_ms, id, reported));
+            }
+        }
+    }
+
+    fn apply_report(&mut self, id: LeaseId, reported: u64) {
         let Some(lease) = self.leases.get_mut(&id) else {
             if id.seq > self.folded_seq {
                 let early = self.early.entry(id).or_default();
@@ -261,13 +294,16 @@ mod tests {
         assert_eq!((ledger.held("s"), ledger.held("c")), (1_000, 1_500));
         assert_eq!(ledger.live(), 2, "a grant of nothing is not kept");
         let first = Batch::lease_id(1, 0, &grant("", &[], 0, 30_000));
-        ledger.report(first, 400);
+        ledger.report(first, 400, 0);
+        ledger.settle(i64::MAX);
         assert_eq!((ledger.held("s"), ledger.held("c")), (600, 1_100));
         // A push that is not newer changes nothing.
-        ledger.report(first, 300);
+        ledger.report(first, 300, 0);
+        ledger.settle(i64::MAX);
         assert_eq!(ledger.held("c"), 1_100);
         // Beyond the grant: it holds nothing, and no more is freed.
-        ledger.report(first, 1_700);
+        ledger.report(first, 1_700, 0);
+        ledger.settle(i64::MAX);
         assert_eq!((ledger.held("s"), ledger.held("c")), (0, 500));
         assert_eq!(ledger.lease(&first).map(|l| l.reported), Some(1_700));
     }
@@ -289,7 +325,8 @@ mod tests {
     fn a_report_before_its_grant_waits_for_it() {
         let mut ledger = Ledger::default();
         let g = grant("ad-1", &["c"], 1_000, 30_000);
-        ledger.report(Batch::lease_id(7, 0, &g), 250);
+        ledger.report(Batch::lease_id(7, 0, &g), 250, 0);
+        ledger.settle(i64::MAX);
         ledger.fold(7, &batch(vec![g]));
         assert_eq!(ledger.held("c"), 750);
     }
@@ -305,7 +342,8 @@ mod tests {
             ]),
         );
         let first = Batch::lease_id(1, 0, &grant("", &[], 0, 10_000));
-        ledger.report(first, 100);
+        ledger.report(first, 100, 0);
+        ledger.settle(i64::MAX);
         assert_eq!(ledger.retire(69_999, 60_000), Retired::default());
         assert_eq!(
             ledger.held_by("c"),
@@ -326,16 +364,33 @@ mod tests {
         assert_eq!(ledger.held_by("c"), Held::default());
         assert_eq!(ledger.live(), 0);
         // A report of a retired lease holds nothing and is not kept.
-        ledger.report(first, 500);
+        ledger.report(first, 500, 0);
+        ledger.settle(i64::MAX);
         assert_eq!(ledger.held("c"), 0);
         assert!(ledger.early.is_empty());
+    }
+
+    #[test]
+    fn a_report_frees_nothing_until_every_shard_has_caught_up_with_it() {
+        let mut ledger = Ledger::default();
+        let g = grant("ad-1", &["c"], 1_000, 60_000);
+        ledger.fold(1, &batch(vec![g.clone()]));
+        let id = Batch::lease_id(1, 0, &g);
+        // Reported by a push complete as of 10 s: the limit's own spend may
+        // still be on its way from another shard.
+        ledger.report(id, 600, 10_000);
+        ledger.settle(10_000 + REPORT_MARGIN_MS - 1);
+        assert_eq!(ledger.held("c"), 1_000);
+        ledger.settle(10_000 + REPORT_MARGIN_MS);
+        assert_eq!(ledger.held("c"), 400);
     }
 
     #[test]
     fn early_reports_are_forgotten_once_they_cannot_matter() {
         let mut ledger = Ledger::default();
         let g = grant("ad-1", &["c"], 1_000, 10_000);
-        ledger.report(Batch::lease_id(9, 0, &g), 5);
+        ledger.report(Batch::lease_id(9, 0, &g), 5, 0);
+        ledger.settle(i64::MAX);
         assert_eq!(ledger.early.len(), 1);
         ledger.retire(70_000, 60_000);
         assert!(ledger.early.is_empty());

@@ -123,26 +123,29 @@ impl Leases {
         (held.micros, held.leases)
     }
 
-    /// Take the lease keys out of a sums push: their sums are the spend
-    /// reported under each lease, which frees what it covers.
-    pub(crate) fn take_reports(&self, entries: &mut Vec<SumEntry>) {
+    /// Take the lease keys out of a sums push complete as of `as_of_ms`:
+    /// their sums are the spend reported under each lease, which frees
+    /// what it covers once every shard has caught up ([`Leases::retire`]).
+    pub(crate) fn take_reports(&self, entries: &mut Vec<SumEntry>, as_of_ms: i64) {
         if !entries.iter().any(|e| e.limit.starts_with('~')) {
             return;
         }
         let mut ledger = self.ledger();
         entries.retain(|entry| match lease_of_key(&entry.limit) {
             Some(id) => {
-                ledger.report(id, entry.lifetime_micros);
+                ledger.report(id, entry.lifetime_micros, as_of_ms);
                 false
             }
             None => true,
         });
     }
 
-    /// Retire what expired more than the grace before `caught_up_ms`.
+    /// Every shard has caught up to `caught_up_ms`: apply the reports that
+    /// waited for it, and retire what expired more than the grace before.
     pub(crate) fn retire(&self, caught_up_ms: i64) {
         let (retired, live) = {
             let mut ledger = self.ledger();
+            ledger.settle(caught_up_ms);
             (ledger.retire(caught_up_ms, self.grace_ms), ledger.live())
         };
         metrics::counter!(LEASE_EXPIRIES_TOTAL).increment(retired.leases);

@@ -17,8 +17,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use adspend_sim::SimConfig;
-
 use self::api::{read_api, read_history, read_sources, urgency, ApiLimit, HistoryState};
 use self::chromium::{chromium_binary, run_chromium};
 use self::page::{check_rows, Page};
@@ -195,34 +193,78 @@ async fn wait_for_history(url: &str, limit_id: &str) -> HistoryState {
     }
 }
 
-/// Regenerates `docs/dashboard.png` from a demo-like pipeline (1,000 ads,
-/// traffic at a steady rate for a minute, so the charts have a history):
+/// Regenerates `docs/dashboard.png` from the demo's closed loop: the
+/// generated catalog of 1,000 ads with lifetime budgets and alerts at 50,
+/// 90 and 100%, four ad servers serving by spend leases over a day
+/// compressed into a minute (as `scripts/demo.sh` runs them), so the page
+/// shows limits stopped at their budgets, spend in flight and the alerts:
 /// `cargo test -p adspend-tests --test integration dashboard_screenshot -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes docs/dashboard.png; run by hand after changing the dashboard"]
 async fn dashboard_screenshot() {
+    use adspend_sim::{run_closed_loop, CostDistribution, LeasePolicy, LoopConfig, ServeMode};
     let chromium = chromium_binary();
-    let mut p = Pipeline::start(Backends::default(), 1000).await;
-    p.spawn_all().await;
-    let config = SimConfig {
-        events: Some(9_000),
-        rate: 150.0,
-        ..sim_config(9_000, 7)
+    let mut catalog =
+        adspend_sim::generate_catalog(&adspend_sim::CatalogSpec::for_ads(1000), 7).unwrap();
+    for limit in catalog.limits.values_mut() {
+        limit.period = adspend_sim::Period::Lifetime;
+    }
+    let mut p = Pipeline::start_with(Backends::default(), Default::default(), catalog).await;
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&p.catalog_path).unwrap()).unwrap();
+    for limit in doc["limits"].as_object_mut().unwrap().values_mut() {
+        limit["alerts"] = serde_json::json!([50, 90, 100]);
+    }
+    std::fs::write(&p.catalog_path, serde_json::to_vec(&doc).unwrap()).unwrap();
+    p.aggregator = Some(p.spawn("aggregator"));
+    p.limiter = Some(p.spawn("limiter"));
+    p.pacer = Some(p.spawn_with(
+        "pacer",
+        adspend_harness::free_port(),
+        &[("ADSPEND_PACER_LEASE_GRACE_MS", "3000")],
+    ));
+    p.wait_pacer().await;
+    let config = LoopConfig {
+        pacer_url: p.pacer_url(),
+        servers: 4,
+        day: Duration::from_secs(60),
+        duration: Duration::from_secs(60),
+        peak_rate: 1_500.0,
+        cost: CostDistribution::Uniform {
+            min: 100_000,
+            max: 1_900_000,
+        },
+        mode: ServeMode::Leases(LeasePolicy {
+            ttl: Duration::from_secs(3),
+            ..LeasePolicy::default()
+        }),
+        seed: 7,
+        ..LoopConfig::default()
     };
-    let truth = p.publish(&config).await;
-    assert_exact(&p.settle(&truth, Duration::from_secs(60)).await, &truth);
-    // Chart the daily limit with the most spend that still has budget among
-    // the rows in view: a plan to follow, next to the exhausted ones.
+    let client = p.client().await;
+    let outcome = run_closed_loop(
+        &client,
+        &config,
+        &p.catalog,
+        tokio_util::sync::CancellationToken::new(),
+        |_| {},
+    )
+    .await
+    .expect("closed loop");
+    let truth = &outcome.truth;
+    assert_exact(&p.settle(truth, Duration::from_secs(60)).await, truth);
+    // Chart the limit with the most spend that still has budget among the
+    // rows in view, next to the exhausted ones.
     let api = read_api(&p.pacer_url()).await;
     let mut by_urgency: Vec<&ApiLimit> = api.values().collect();
     by_urgency.sort_by(|a, b| urgency(a, b));
     let selected = by_urgency
         .iter()
         .take(25)
-        .filter(|l| !l.exhausted && l.daily)
+        .filter(|l| !l.exhausted)
         .max_by_key(|l| l.spend_micros)
         .map(|l| l.limit_id.clone())
-        .expect("a daily limit with budget left");
+        .expect("a limit with budget left");
     let out = adspend_harness::workspace_root().join("docs/dashboard.png");
     std::fs::create_dir_all(out.parent().unwrap()).unwrap();
     // Chromium writes next to the old picture, which is replaced only by a
