@@ -20,7 +20,7 @@ use crate::dedupe::{self, IdSet, ShardOrder};
 use crate::disk;
 use crate::error::Error;
 use crate::fence::Validity;
-pub use crate::handoff::{CheckpointRequest, Dirty, DirtyState, Incoming};
+pub use crate::handoff::{CheckpointRequest, Dirty, Incoming};
 use crate::store::Store;
 #[cfg(test)] // named by the tests through `super::*`
 use {crate::store::parse_lifetime, adspend_wire::types::LIFETIME_BUCKET};
@@ -38,13 +38,13 @@ const MAX_EVICT_PER_TXN: u64 = 100_000;
 /// it, so no bucket sum exceeds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Overflowed {
-    pub seq: u64,
-    pub limit: String,
-    pub bucket: u32,
-    pub cost_micros: u64,
-    pub msg_id: [u8; 16],
+    pub(crate) seq: u64,
+    pub(crate) limit: String,
+    pub(crate) bucket: u32,
+    pub(crate) cost_micros: u64,
+    pub(crate) msg_id: [u8; 16],
     /// The lifetime sum it would have been added to.
-    pub lifetime_micros: u64,
+    pub(crate) lifetime_micros: u64,
 }
 
 /// Checked addition of micros; an overflow names the sum.
@@ -56,11 +56,11 @@ fn checked(a: u64, b: u64, limit: &str, bucket: u32) -> Result<u64, Error> {
 }
 
 pub struct Writer {
-    pub store: Arc<Store>,
-    pub dedupe: DedupeLimits,
-    pub dirty: Arc<Dirty>,
-    pub checkpoints: watch::Sender<CheckpointRequest>,
-    pub last_applied_seq: u64,
+    pub(crate) store: Arc<Store>,
+    pub(crate) dedupe: DedupeLimits,
+    pub(crate) dirty: Arc<Dirty>,
+    pub(crate) checkpoints: watch::Sender<CheckpointRequest>,
+    pub(crate) last_applied_seq: u64,
     last_marker: u64,
     requests: u64,
     /// The ids of the dedupe window (see [`crate::dedupe`]).
@@ -89,13 +89,13 @@ pub struct Writer {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct GroupStats {
     pub applied: u64,
-    pub duplicates_by_id: u64,
-    pub replayed_by_seq: u64,
-    pub evicted: u64,
+    pub(crate) duplicates_by_id: u64,
+    pub(crate) replayed_by_seq: u64,
+    pub(crate) evicted: u64,
     /// Tuples set aside because they would overflow their limit's sum.
-    pub overflowed: u64,
+    pub(crate) overflowed: u64,
     /// Sums of spend leases deleted past their retention.
-    pub leases_pruned: u64,
+    pub(crate) leases_pruned: u64,
 }
 
 impl Writer {
@@ -155,7 +155,7 @@ impl Writer {
     }
 
     /// Apply until the channel closes. Blocking: run on a dedicated thread.
-    pub fn run(mut self, mut rx: mpsc::Receiver<Incoming>) -> Result<(), Error> {
+    pub(crate) fn run(mut self, mut rx: mpsc::Receiver<Incoming>) -> Result<(), Error> {
         let mut group: Vec<Incoming> = Vec::with_capacity(64);
         while let Some(first) = rx.blocking_recv() {
             let mut tuples = first.tuples();

@@ -13,11 +13,11 @@ use tokio::sync::oneshot;
 
 /// How much lower than the service a checkpoint thread runs (added to its
 /// nice value; the kernel caps it at 19).
-pub const NICE: i32 = 10;
+pub(crate) const NICE: i32 = 10;
 
 /// Run `job` on a new thread of lower CPU priority and wait for its result.
 /// `what` names the thread (`ckpt-<what>`), so profiles show the job.
-pub async fn run<T: Send + 'static>(
+pub(crate) async fn run<T: Send + 'static>(
     what: &str,
     job: impl FnOnce() -> T + Send + 'static,
 ) -> std::io::Result<T> {

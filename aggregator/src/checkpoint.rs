@@ -8,7 +8,7 @@
 //! snapshot that is gone.
 
 pub mod checkpointer;
-pub mod delta;
-pub mod missing;
+pub(crate) mod delta;
+pub(crate) mod missing;
 pub mod record;
 pub mod restore;

@@ -12,7 +12,7 @@ use clap::Parser;
 /// Environment variable of [`Config::accept_loss`]. Its own here (not in
 /// `adspend_common::env`, which is maintained elsewhere); docs/CONFIGURATION.md
 /// has its row.
-pub const ACCEPT_LOSS: &str = "ADSPEND_AGGREGATOR_ACCEPT_LOSS";
+pub(crate) const ACCEPT_LOSS: &str = "ADSPEND_AGGREGATOR_ACCEPT_LOSS";
 
 /// The dedupe window, bounded by stream time and by id count.
 #[derive(Clone, Copy, Debug)]
@@ -23,26 +23,26 @@ pub struct DedupeLimits {
 
 /// Settings every shard of a process shares.
 #[derive(Clone, Debug)]
-pub struct ShardSettings {
-    pub dedupe: DedupeLimits,
-    pub push_interval: Duration,
-    pub snapshots_kept: usize,
+pub(crate) struct ShardSettings {
+    pub(crate) dedupe: DedupeLimits,
+    pub(crate) push_interval: Duration,
+    pub(crate) snapshots_kept: usize,
     /// Deltas on one base before a checkpoint copies a new base.
-    pub max_deltas: usize,
-    pub lmdb_map_size: usize,
-    pub stream_replicas: usize,
+    pub(crate) max_deltas: usize,
+    pub(crate) lmdb_map_size: usize,
+    pub(crate) stream_replicas: usize,
     /// Shards the operator allowed to be rebuilt at a loss ([`crate::checkpoint::missing`]).
-    pub accept_loss: AcceptLoss,
+    pub(crate) accept_loss: AcceptLoss,
 }
 
 /// The shards an operator allowed to be rebuilt at a loss
 /// ([`Config::accept_loss`]): each one only at the checkpoint named.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct AcceptLoss(Vec<(String, u64)>);
+pub(crate) struct AcceptLoss(Vec<(String, u64)>);
 
 impl AcceptLoss {
     /// `<shard>@<checkpoint id>`, comma-separated; empty: none.
-    pub fn parse(value: &str) -> Result<Self, String> {
+    pub(crate) fn parse(value: &str) -> Result<Self, String> {
         let mut accepted = Vec::new();
         for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
             let (shard, id) = item
@@ -67,7 +67,7 @@ impl AcceptLoss {
     }
 
     /// Whether the loss of `shard`'s checkpoint `checkpoint_id` is accepted.
-    pub fn covers(&self, shard: &str, checkpoint_id: u64) -> bool {
+    pub(crate) fn covers(&self, shard: &str, checkpoint_id: u64) -> bool {
         self.0
             .iter()
             .any(|(s, id)| s == shard && *id == checkpoint_id)
@@ -76,7 +76,7 @@ impl AcceptLoss {
 
 /// Which partitions this aggregator applies.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Ownership {
+pub(crate) enum Ownership {
     /// All partitions, as one shard.
     All,
     /// A fixed list, as one shard.
@@ -89,7 +89,7 @@ pub enum Ownership {
 impl Ownership {
     /// The shard name of a single-shard aggregator: the unit of ownership,
     /// checkpoints and pushes.
-    pub fn shard(&self) -> String {
+    pub(crate) fn shard(&self) -> String {
         match self {
             Ownership::Fixed(list) => format!(
                 "p{}",
@@ -107,7 +107,7 @@ impl Ownership {
 /// the store is opened when the aggregator starts
 /// ([`SnapshotStore::open`](crate::snapshot_store::SnapshotStore::open)).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SnapshotUrl {
+pub(crate) enum SnapshotUrl {
     /// `file:///dir`.
     File { url: String, dir: PathBuf },
     /// `s3://bucket/prefix` (credentials and endpoint from `AWS_*`).
@@ -119,7 +119,7 @@ pub enum SnapshotUrl {
 }
 
 impl SnapshotUrl {
-    pub fn parse(url: &str) -> Result<Self, Error> {
+    pub(crate) fn parse(url: &str) -> Result<Self, Error> {
         if let Some(path) = url.strip_prefix("file://") {
             if path.is_empty() {
                 return Err(Self::bad(url, "no directory after file://"));
@@ -146,14 +146,14 @@ impl SnapshotUrl {
         ))
     }
 
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         match self {
             SnapshotUrl::File { url, .. } | SnapshotUrl::S3 { url, .. } => url,
         }
     }
 
     /// The setting's error for `url`, naming it.
-    pub fn bad(url: &str, reason: impl Into<String>) -> Error {
+    pub(crate) fn bad(url: &str, reason: impl Into<String>) -> Error {
         Error::Config {
             name: env::OBJECT_STORE_URL,
             value: url.to_string(),
@@ -166,10 +166,10 @@ impl SnapshotUrl {
 /// that needs parsing parsed, once.
 #[derive(Clone, Debug)]
 pub struct Validated {
-    pub config: Config,
-    pub ownership: Ownership,
-    pub snapshots: SnapshotUrl,
-    pub metrics_addr: SocketAddr,
+    pub(crate) config: Config,
+    pub(crate) ownership: Ownership,
+    pub(crate) snapshots: SnapshotUrl,
+    pub(crate) metrics_addr: SocketAddr,
 }
 
 /// Sums spend per limit in LMDB, snapshots it to object storage on each
@@ -178,28 +178,28 @@ pub struct Validated {
 #[command(name = "aggregator", version)]
 pub struct Config {
     #[command(flatten)]
-    pub nats: NatsArgs,
+    pub(crate) nats: NatsArgs,
     #[command(flatten)]
-    pub streams: StreamArgs,
+    pub(crate) streams: StreamArgs,
     #[command(flatten)]
-    pub etcd: EtcdArgs,
+    pub(crate) etcd: EtcdArgs,
     #[command(flatten)]
-    pub partitions: PartitionArgs,
+    pub(crate) partitions: PartitionArgs,
     /// Snapshot store: file:///dir or s3://bucket/prefix (AWS_* env for S3).
     /// Default: file://<data dir>/snapshots.
     #[arg(long, env = env::OBJECT_STORE_URL)]
-    pub object_store_url: Option<String>,
+    pub(crate) object_store_url: Option<String>,
     /// Local state directory (LMDB). Default: ./data/aggregator.
     #[arg(long, env = env::DATA_DIR)]
-    pub data_dir: Option<PathBuf>,
+    pub(crate) data_dir: Option<PathBuf>,
     /// Prometheus /metrics listen address.
     #[arg(long, env = env::METRICS_ADDR, default_value = "127.0.0.1:9102")]
-    pub metrics_addr: String,
+    pub(crate) metrics_addr: String,
     /// Partitions this aggregator owns: "all", a comma-separated list, or
     /// "auto" (cluster mode: partitions spread over the live aggregators
     /// through etcd; needs ADSPEND_ETCD_ENDPOINTS).
     #[arg(long, env = env::AGGREGATOR_PARTITIONS, default_value = "all")]
-    pub owned_partitions: String,
+    pub(crate) owned_partitions: String,
     /// Writers of a single-machine aggregator: its partitions are split
     /// round robin into this many shards, each with its own LMDB
     /// environment, writer thread, checkpoint record and snapshots, under
@@ -207,41 +207,41 @@ pub struct Config {
     /// Cluster mode already gives every partition a writer of its own.
     #[arg(long, env = env::AGGREGATOR_WRITERS, default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub writers: u32,
+    pub(crate) writers: u32,
     /// Cluster mode: this aggregator's member id (letters, digits, '.', '_',
     /// '-'; at most 64). Default: the host name.
     #[arg(long, env = env::AGGREGATOR_ID)]
-    pub aggregator_id: Option<String>,
+    pub(crate) aggregator_id: Option<String>,
     /// Cluster mode: TTL of the membership lease, milliseconds. A member
     /// silent for this long loses its partitions to the others; it stops
     /// applying once keepalives have gone unanswered for half of it.
     #[arg(long, env = env::LEASE_TTL_MS, default_value_t = 5_000,
           value_parser = clap::value_parser!(u64).range(2_000..=600_000))]
-    pub lease_ttl_ms: u64,
+    pub(crate) lease_ttl_ms: u64,
     /// Dedupe window in stream time, milliseconds.
     #[arg(long, env = env::DEDUPE_WINDOW_MS, default_value_t = 3_600_000,
           value_parser = clap::value_parser!(u64).range(1..))]
-    pub dedupe_window_ms: u64,
+    pub(crate) dedupe_window_ms: u64,
     /// Most message ids kept for deduplication.
     #[arg(long, env = env::DEDUPE_MAX_IDS, default_value_t = 50_000_000,
           value_parser = clap::value_parser!(u64).range(1..))]
-    pub dedupe_max_ids: u64,
+    pub(crate) dedupe_max_ids: u64,
     /// Interval between pushes of changed sums to the pacer, milliseconds.
     #[arg(long, env = env::PUSH_INTERVAL_MS, default_value_t = 20,
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
-    pub push_interval_ms: u64,
+    pub(crate) push_interval_ms: u64,
     /// Older snapshots kept besides the newest.
     #[arg(long, env = env::SNAPSHOTS_KEPT, default_value_t = 2)]
-    pub snapshots_kept: usize,
+    pub(crate) snapshots_kept: usize,
     /// Incremental checkpoints on one base snapshot before the next
     /// checkpoint copies a new base (0: every checkpoint is a full copy).
     #[arg(long, env = env::CHECKPOINT_MAX_DELTAS, default_value_t = 30,
           value_parser = clap::value_parser!(u64).range(0..=1000))]
-    pub checkpoint_max_deltas: u64,
+    pub(crate) checkpoint_max_deltas: u64,
     /// LMDB map size in GiB (address space; the file grows as needed).
     #[arg(long, env = env::LMDB_MAP_GIB, default_value_t = 64,
           value_parser = clap::value_parser!(u64).range(1..=1024))]
-    pub lmdb_map_gib: u64,
+    pub(crate) lmdb_map_gib: u64,
     /// Shards whose recorded snapshot is gone while SPEND no longer holds
     /// their whole history, to rebuild anyway, accepting the loss:
     /// `<shard>@<checkpoint id>`, comma-separated, as the aggregator's
@@ -250,7 +250,7 @@ pub struct Config {
     /// the checkpoint named: a later loss needs a new decision. See
     /// docs/RECOVERY.md.
     #[arg(long, env = ACCEPT_LOSS)]
-    pub accept_loss: Option<String>,
+    pub(crate) accept_loss: Option<String>,
 }
 
 impl Config {
@@ -323,11 +323,11 @@ impl Config {
         })
     }
 
-    pub fn lease_ttl(&self) -> Duration {
+    pub(crate) fn lease_ttl(&self) -> Duration {
         Duration::from_millis(self.lease_ttl_ms)
     }
 
-    pub fn shard_settings(&self) -> ShardSettings {
+    pub(crate) fn shard_settings(&self) -> ShardSettings {
         ShardSettings {
             dedupe: self.dedupe(),
             push_interval: self.push_interval(),
@@ -340,11 +340,11 @@ impl Config {
         }
     }
 
-    pub fn data_dir(&self) -> PathBuf {
+    pub(crate) fn data_dir(&self) -> PathBuf {
         data_dir_or_default(&self.data_dir, "aggregator")
     }
 
-    pub fn object_store_url(&self) -> String {
+    pub(crate) fn object_store_url(&self) -> String {
         self.object_store_url
             .clone()
             .unwrap_or_else(|| format!("file://{}", self.data_dir().join("snapshots").display()))
@@ -380,14 +380,14 @@ impl Config {
         Ok(Some(owned))
     }
 
-    pub fn dedupe(&self) -> DedupeLimits {
+    pub(crate) fn dedupe(&self) -> DedupeLimits {
         DedupeLimits {
             window_ms: self.dedupe_window_ms,
             max_ids: self.dedupe_max_ids,
         }
     }
 
-    pub fn push_interval(&self) -> Duration {
+    pub(crate) fn push_interval(&self) -> Duration {
         Duration::from_millis(self.push_interval_ms)
     }
 }

@@ -63,7 +63,7 @@ impl Default for IdSet {
 }
 
 impl IdSet {
-    pub fn with_capacity(ids: usize) -> Self {
+    pub(crate) fn with_capacity(ids: usize) -> Self {
         IdSet {
             shards: (0..SHARDS)
                 .map(|_| {
@@ -79,7 +79,8 @@ impl IdSet {
     }
 
     /// Adds `id`; false if it was already there.
-    pub fn insert(&mut self, id: u128) -> bool {
+    #[cfg(test)]
+    pub(crate) fn insert(&mut self, id: u128) -> bool {
         let added = self.shards[Self::shard(id)].insert(id);
         self.len += usize::from(added);
         added
@@ -129,13 +130,14 @@ impl IdSet {
         added
     }
 
-    pub fn remove(&mut self, id: &u128) -> bool {
+    pub(crate) fn remove(&mut self, id: &u128) -> bool {
         let removed = self.shards[Self::shard(*id)].remove(id);
         self.len -= usize::from(removed);
         removed
     }
 
-    pub fn contains(&self, id: &u128) -> bool {
+    #[cfg(test)]
+    pub(crate) fn contains(&self, id: &u128) -> bool {
         self.shards[Self::shard(*id)].contains(id)
     }
 
@@ -181,7 +183,7 @@ impl IdSet {
     }
 
     /// For adding many ids at once (loading the window): see [`Bulk`].
-    pub fn bulk(&mut self) -> Bulk<'_> {
+    pub(crate) fn bulk(&mut self) -> Bulk<'_> {
         Bulk {
             buckets: (0..SHARDS)
                 .map(|_| Vec::with_capacity(BULK_CHUNK / SHARDS * 5 / 4))
@@ -200,7 +202,7 @@ impl IdSet {
 #[derive(Debug, Default)]
 pub(crate) struct ShardOrder {
     /// Whether each id was new.
-    pub fresh: Vec<bool>,
+    pub(crate) fresh: Vec<bool>,
     order: Vec<u32>,
 }
 
@@ -213,7 +215,7 @@ const BULK_CHUNK: usize = 1 << 20;
 /// writes), then each shard takes its bucket while its table is in cache,
 /// the shards split between threads. Measured by `adbench --sections state`
 /// ("dedupe window load").
-pub struct Bulk<'a> {
+pub(crate) struct Bulk<'a> {
     set: &'a mut IdSet,
     buckets: Vec<Vec<u128>>,
     pending: usize,
@@ -221,7 +223,7 @@ pub struct Bulk<'a> {
 }
 
 impl Bulk<'_> {
-    pub fn insert(&mut self, id: u128) {
+    pub(crate) fn insert(&mut self, id: u128) {
         self.buckets[IdSet::shard(id)].push(id);
         self.pending += 1;
         if self.pending == BULK_CHUNK {
@@ -230,7 +232,7 @@ impl Bulk<'_> {
     }
 
     /// Adds what is still gathered; dropping does the same.
-    pub fn finish(mut self) {
+    pub(crate) fn finish(mut self) {
         self.flush();
     }
 

@@ -101,7 +101,7 @@ pub(crate) struct SpaceWait {
 }
 
 impl SpaceWait {
-    pub fn new(dir: &Path, shard: &str, what: &'static str) -> Self {
+    pub(crate) fn new(dir: &Path, shard: &str, what: &'static str) -> Self {
         SpaceWait {
             dir: dir.to_path_buf(),
             shard: shard.to_string(),
@@ -114,7 +114,7 @@ impl SpaceWait {
     }
 
     /// The step that waits now (several steps of a start share one wait).
-    pub fn at(&mut self, what: &'static str) -> &mut Self {
+    pub(crate) fn at(&mut self, what: &'static str) -> &mut Self {
         self.what = what;
         self
     }
@@ -149,7 +149,7 @@ impl SpaceWait {
     }
 
     /// Wait after `error` on an async task. `false` when `cancel` came first.
-    pub async fn wait(&mut self, error: &Error, cancel: &CancellationToken) -> bool {
+    pub(crate) async fn wait(&mut self, error: &Error, cancel: &CancellationToken) -> bool {
         let wait = self.failed(error);
         tokio::select! {
             _ = cancel.cancelled() => false,
@@ -159,7 +159,7 @@ impl SpaceWait {
 
     /// Wait after `error` on a blocking thread, looking at `stopping` every
     /// 100 ms. `false` when it said stop.
-    pub fn wait_blocking(&mut self, error: &Error, stopping: impl Fn() -> bool) -> bool {
+    pub(crate) fn wait_blocking(&mut self, error: &Error, stopping: impl Fn() -> bool) -> bool {
         let until = Instant::now() + self.failed(error);
         while Instant::now() < until {
             if stopping() {
@@ -171,7 +171,7 @@ impl SpaceWait {
     }
 
     /// The step went through: say so once (the gauge is cleared on drop).
-    pub fn resumed(self) {
+    pub(crate) fn resumed(self) {
         tracing::info!(
             shard = self.shard,
             dir = %self.dir.display(),

@@ -81,7 +81,7 @@ impl Error {
     /// a snapshot that does not verify, LMDB or the disk failing, a sum
     /// that would overflow), a bad setting, or ownership gone
     /// ([`Error::lost_ownership`]).
-    pub fn is_retryable(&self) -> bool {
+    pub(crate) fn is_retryable(&self) -> bool {
         match self {
             Error::Common(e) => e.is_retryable(),
             Error::Consumer { .. } | Error::Task { .. } => true,
@@ -100,7 +100,7 @@ impl Error {
 
     /// The shard is someone else's now (its lease lapsed, or a newer owner
     /// epoch fenced it): stop applying it, which is no failure of ours.
-    pub fn lost_ownership(&self) -> bool {
+    pub(crate) fn lost_ownership(&self) -> bool {
         match self {
             Error::LeaseLost { .. } => true,
             Error::Common(e) => e.is_fenced(),
@@ -110,23 +110,26 @@ impl Error {
 
     /// Whether the aggregator must stop: neither retryable nor a move of
     /// ownership.
-    pub fn is_fatal(&self) -> bool {
+    pub(crate) fn is_fatal(&self) -> bool {
         !self.is_retryable() && !self.lost_ownership()
     }
 
-    pub fn lmdb(path: &std::path::Path, op: &'static str) -> impl FnOnce(heed::Error) -> Self {
+    pub(crate) fn lmdb(
+        path: &std::path::Path,
+        op: &'static str,
+    ) -> impl FnOnce(heed::Error) -> Self {
         let path = path.to_path_buf();
         move |source| Error::Lmdb { path, op, source }
     }
 
-    pub fn consumer<E: Into<BoxError>>(what: &'static str) -> impl FnOnce(E) -> Self {
+    pub(crate) fn consumer<E: Into<BoxError>>(what: &'static str) -> impl FnOnce(E) -> Self {
         move |source| Error::Consumer {
             what,
             source: source.into(),
         }
     }
 
-    pub fn task<E: Into<BoxError>>(what: &'static str) -> impl FnOnce(E) -> Self {
+    pub(crate) fn task<E: Into<BoxError>>(what: &'static str) -> impl FnOnce(E) -> Self {
         move |source| Error::Task {
             what,
             source: source.into(),

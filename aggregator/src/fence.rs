@@ -17,7 +17,7 @@ const PAUSE_POLL: Duration = Duration::from_millis(20);
 
 /// The lease is lost for good.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Revoked;
+pub(crate) struct Revoked;
 
 #[derive(Debug)]
 pub struct Validity {
@@ -28,7 +28,7 @@ pub struct Validity {
 
 impl Validity {
     /// Valid for `for_at_least` from now.
-    pub fn new(for_at_least: Duration) -> Self {
+    pub(crate) fn new(for_at_least: Duration) -> Self {
         let validity = Validity {
             base: Instant::now(),
             until_nanos: AtomicU64::new(0),
@@ -39,27 +39,27 @@ impl Validity {
 
     /// Move the deadline to `until` if that is later (answers can arrive out
     /// of order).
-    pub fn extend_to(&self, until: Instant) {
+    pub(crate) fn extend_to(&self, until: Instant) {
         let nanos = until.saturating_duration_since(self.base).as_nanos();
         let nanos = u64::try_from(nanos).unwrap_or(u64::MAX).max(1);
         self.until_nanos.fetch_max(nanos, Ordering::AcqRel);
     }
 
     /// From now on, never valid again.
-    pub fn revoke(&self) {
+    pub(crate) fn revoke(&self) {
         self.until_nanos.store(0, Ordering::Release);
     }
 
     /// Revoked for good (the lease is lost), as opposed to lapsed: a lapsed
     /// deadline comes back when etcd answers a keepalive again.
-    pub fn is_revoked(&self) -> bool {
+    pub(crate) fn is_revoked(&self) -> bool {
         self.until_nanos.load(Ordering::Acquire) == 0
     }
 
     /// Blocks the calling (non-async) thread while the deadline has lapsed
     /// but is not revoked: an etcd election or a slow answer pauses the
     /// writer instead of ending it. Ok once valid; Err once revoked.
-    pub fn wait_blocking(&self) -> Result<(), Revoked> {
+    pub(crate) fn wait_blocking(&self) -> Result<(), Revoked> {
         while !self.is_valid() {
             if self.is_revoked() {
                 return Err(Revoked);
@@ -70,7 +70,7 @@ impl Validity {
     }
 
     /// [`Validity::wait_blocking`] for async callers.
-    pub async fn wait(&self) -> Result<(), Revoked> {
+    pub(crate) async fn wait(&self) -> Result<(), Revoked> {
         while !self.is_valid() {
             if self.is_revoked() {
                 return Err(Revoked);
@@ -80,14 +80,15 @@ impl Validity {
         Ok(())
     }
 
-    pub fn is_valid(&self) -> bool {
+    pub(crate) fn is_valid(&self) -> bool {
         let until = self.until_nanos.load(Ordering::Acquire);
         let now = u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
         now < until
     }
 
     /// Time left (zero once expired or revoked).
-    pub fn remaining(&self) -> Duration {
+    #[cfg(test)]
+    pub(crate) fn remaining(&self) -> Duration {
         let until = self.until_nanos.load(Ordering::Acquire);
         let now = u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
         Duration::from_nanos(until.saturating_sub(now))

@@ -19,7 +19,7 @@ pub struct Incoming {
 }
 
 impl Incoming {
-    pub fn tuples(&self) -> usize {
+    pub(crate) fn tuples(&self) -> usize {
         match &self.message {
             SpendMessage::Batch(batch) => batch.tuples.len().max(1),
             SpendMessage::Marker(_) => 1,
@@ -34,12 +34,12 @@ pub struct Dirty {
 }
 
 #[derive(Default)]
-pub struct DirtyState {
-    pub entries: FxHashMap<(String, u32), SumEntry>,
-    pub seq: u64,
-    pub watermark_ms: i64,
+pub(crate) struct DirtyState {
+    pub(crate) entries: FxHashMap<(String, u32), SumEntry>,
+    pub(crate) seq: u64,
+    pub(crate) watermark_ms: i64,
     /// Earliest source time (publish or impression `ts`) among batches not yet pushed.
-    pub source_ms: Option<i64>,
+    pub(crate) source_ms: Option<i64>,
 }
 
 impl Dirty {
@@ -89,14 +89,14 @@ impl Dirty {
     /// has applied that far, the sums are complete as of `now_ms`. A stuck
     /// writer never gets there, so its watermark stops and the pacer sees
     /// the shard fall behind.
-    pub fn caught_up(&self, seq: u64, now_ms: i64) {
+    pub(crate) fn caught_up(&self, seq: u64, now_ms: i64) {
         let mut state = self.inner.lock().expect("dirty lock");
         if state.seq >= seq {
             state.watermark_ms = state.watermark_ms.max(now_ms);
         }
     }
 
-    pub fn position(&self) -> (u64, i64) {
+    pub(crate) fn position(&self) -> (u64, i64) {
         let state = self.inner.lock().expect("dirty lock");
         (state.seq, state.watermark_ms)
     }

@@ -27,7 +27,7 @@
 //! [`record`], [`restore`], [`missing`](checkpoint::missing)) over
 //! [`snapshot_store`], the object storage that settings open and
 //! checkpoints use. No module imports one that imports it back
-//! (`tests/integration/module_cycles.rs`). Other crates see [`run`],
+//! (`tests/integration/module_cycles/`). Other crates see [`run`],
 //! [`Config`], [`apply`], [`dedupe`], [`store`], [`snapshot_store`] and the
 //! checkpoint modules they open snapshots with.
 
@@ -58,7 +58,8 @@ use crate::snapshot_store::SnapshotStore;
 use adspend_common::nats;
 use adspend_common::service::{self, Context, Service};
 
-pub use config::{Config, Ownership, SnapshotUrl, Validated};
+use config::Ownership;
+pub use config::{Config, Validated};
 pub use error::Error;
 
 impl Service for Validated {

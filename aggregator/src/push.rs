@@ -28,13 +28,13 @@ const PUBLISH_TIMEOUT: Duration = Duration::from_secs(2);
 /// look a push interval of tuples longer than it is.
 const PROGRESS_EVERY: Duration = Duration::from_millis(10);
 
-pub struct Pusher {
-    pub client: async_nats::Client,
-    pub store: Arc<Store>,
-    pub dirty: Arc<Dirty>,
-    pub shard: String,
-    pub epoch: u64,
-    pub interval: Duration,
+pub(crate) struct Pusher {
+    pub(crate) client: async_nats::Client,
+    pub(crate) store: Arc<Store>,
+    pub(crate) dirty: Arc<Dirty>,
+    pub(crate) shard: String,
+    pub(crate) epoch: u64,
+    pub(crate) interval: Duration,
     push_seq: u64,
     last_push: Instant,
     progress: Option<ProgressReport>,
@@ -53,7 +53,7 @@ struct ProgressReport {
 }
 
 impl Pusher {
-    pub fn new(
+    pub(crate) fn new(
         client: async_nats::Client,
         store: Arc<Store>,
         dirty: Arc<Dirty>,
@@ -77,7 +77,7 @@ impl Pusher {
 
     /// Also report how far the shard has applied (its `partitions`, `None`
     /// for all) on `adspend.progress.<shard>`.
-    pub fn with_progress(mut self, partitions: Option<Vec<u32>>) -> Self {
+    pub(crate) fn with_progress(mut self, partitions: Option<Vec<u32>>) -> Self {
         self.progress = Some(ProgressReport {
             subject: progress_subject(&self.shard),
             partitions,
@@ -87,7 +87,7 @@ impl Pusher {
         self
     }
 
-    pub async fn run(mut self, cancel: CancellationToken) -> Result<(), Error> {
+    pub(crate) async fn run(mut self, cancel: CancellationToken) -> Result<(), Error> {
         let mut resync = self
             .client
             .subscribe(SUMS_RESYNC_SUBJECT)
@@ -227,7 +227,7 @@ impl Pusher {
 
 /// Lifetime sums of every limit and the recent daily buckets (yesterday and
 /// later in any time zone), with the sequence they are consistent with.
-pub fn read_full(store: &Store) -> Result<(Vec<SumEntry>, u64), Error> {
+pub(crate) fn read_full(store: &Store) -> Result<(Vec<SumEntry>, u64), Error> {
     let txn = store.read_txn()?;
     let seq = store.last_applied_seq(&txn)?;
     let mut entries = Vec::new();

@@ -40,35 +40,35 @@ use crate::snapshot_store::SnapshotStore;
 use crate::store::Store;
 use crate::telemetry::ShardGauges;
 
-pub mod consume;
+pub(crate) mod consume;
 mod parts;
 
 /// One shard to run.
-pub struct Spec {
+pub(crate) struct Spec {
     /// Name of the unit of ownership, checkpoints and pushes (`all`, `p3`…).
-    pub name: String,
+    pub(crate) name: String,
     /// Partitions read, or `None` for all.
-    pub partitions: Option<Vec<u32>>,
+    pub(crate) partitions: Option<Vec<u32>>,
     /// The shard's own local state (`lmdb/`, `tmp/`).
-    pub data_dir: PathBuf,
-    pub records: CheckpointStore,
-    pub snapshots: SnapshotStore,
-    pub client: async_nats::Client,
-    pub settings: ShardSettings,
+    pub(crate) data_dir: PathBuf,
+    pub(crate) records: CheckpointStore,
+    pub(crate) snapshots: SnapshotStore,
+    pub(crate) client: async_nats::Client,
+    pub(crate) settings: ShardSettings,
     /// Cluster mode: the lease the shard is owned under.
-    pub lease: Option<Arc<Validity>>,
+    pub(crate) lease: Option<Arc<Validity>>,
 }
 
 /// How a shard came up, reported once it is applying.
 #[derive(Debug, Clone, Copy)]
-pub struct Started {
-    pub epoch: u64,
-    pub start: Start,
-    pub last_applied_seq: u64,
+pub(crate) struct Started {
+    pub(crate) epoch: u64,
+    pub(crate) start: Start,
+    pub(crate) last_applied_seq: u64,
 }
 
 /// A running shard, from [`start`]: ask it to stop, then wait for it.
-pub struct ShardHandle {
+pub(crate) struct ShardHandle {
     stop: Stop,
     task: JoinHandle<Result<(), Error>>,
 }
@@ -76,22 +76,22 @@ pub struct ShardHandle {
 impl ShardHandle {
     /// Stop after a last checkpoint, so the next owner restores from
     /// exactly where this one stopped.
-    pub fn hand_over(&self) {
+    pub(crate) fn hand_over(&self) {
         self.stop.hand_over();
     }
 
     /// Stop now; what was applied stays, the next owner replays the rest.
-    pub fn abandon(&self) {
+    pub(crate) fn abandon(&self) {
         self.stop.abandon();
     }
 
-    pub fn is_finished(&self) -> bool {
+    pub(crate) fn is_finished(&self) -> bool {
         self.task.is_finished()
     }
 
     /// Wait for the shard to end: `Ok` once stopped as asked, else the error
     /// that stopped it (fenced, lease lost, stream integrity, LMDB).
-    pub async fn join(self) -> Result<(), Error> {
+    pub(crate) async fn join(self) -> Result<(), Error> {
         self.task
             .await
             .unwrap_or_else(|e| Err(Error::task("shard")(e)))
@@ -101,7 +101,7 @@ impl ShardHandle {
 /// Start a shard as a task of `tasks`, stopped by `parent` (its stop token
 /// is a child of it) or through the handle. `started` hears once the shard
 /// is applying.
-pub fn start(
+pub(crate) fn start(
     spec: Spec,
     parent: &CancellationToken,
     tasks: &TaskTracker,

@@ -21,7 +21,7 @@ use crate::config::SnapshotUrl;
 mod bucket;
 mod local;
 
-pub use bucket::Created;
+pub(crate) use bucket::Created;
 use local::{copy_into_local, copy_local, write_local, LOCAL_PIECE};
 
 const CHUNK: usize = 8 * 1024 * 1024;
@@ -97,7 +97,7 @@ impl SnapshotStore {
     /// The store at `url`: a `file://` directory is created; an `s3://`
     /// client takes its credentials and endpoint from `AWS_*`. Errors name
     /// the setting.
-    pub fn open(url: &SnapshotUrl) -> Result<Self> {
+    pub(crate) fn open(url: &SnapshotUrl) -> Result<Self> {
         let bad = |reason: String| SnapshotUrl::bad(url.as_str(), reason);
         match url {
             SnapshotUrl::File { url, dir } => {
@@ -137,19 +137,19 @@ impl SnapshotStore {
         }
     }
 
-    pub fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &str {
         &self.url
     }
 
     /// The S3 bucket, for an `s3://` store.
-    pub fn bucket(&self) -> Option<&str> {
+    pub(crate) fn bucket(&self) -> Option<&str> {
         self.bucket.as_deref().map(bucket::S3Bucket::name)
     }
 
     /// Create the `s3://` store's bucket again, after S3 answered that it
     /// does not exist. `Ok(None)` for a `file://` store, whose directories
     /// are created as objects are written.
-    pub async fn create_bucket(&self) -> std::result::Result<Option<Created>, String> {
+    pub(crate) async fn create_bucket(&self) -> std::result::Result<Option<Created>, String> {
         match &self.bucket {
             Some(bucket) => bucket.create().await.map(Some),
             None => Ok(None),
@@ -181,7 +181,7 @@ impl SnapshotStore {
     /// (complete or absent, as a single PUT is); on `file://` written by a
     /// low-priority thread ([`crate::background`]) and fsynced. Returns
     /// (size, checksum).
-    pub async fn put(&self, key: &str, pieces: Vec<Bytes>) -> Result<(u64, String)> {
+    pub(crate) async fn put(&self, key: &str, pieces: Vec<Bytes>) -> Result<(u64, String)> {
         let path = self.path(key);
         let mut checksum = Checksum::default();
         let mut size = 0u64;
@@ -218,7 +218,7 @@ impl SnapshotStore {
     }
 
     /// Upload a local file as `key`; returns (size, checksum).
-    pub async fn upload(&self, key: &str, file: &Path) -> Result<(u64, String)> {
+    pub(crate) async fn upload(&self, key: &str, file: &Path) -> Result<(u64, String)> {
         let path = self.path(key);
         if let Some(dest) = self.local_path(&path) {
             let source = file.to_path_buf();
@@ -268,7 +268,7 @@ impl SnapshotStore {
     /// Written in [`CHUNK`]s: the object's own stream comes in pieces of a
     /// few KiB (8 KiB from a `file://` store, one blocking-pool trip each)
     /// and a gigabyte base would cost a quarter of a million such trips.
-    pub async fn download(&self, key: &str, dest: &Path) -> Result<(u64, String)> {
+    pub(crate) async fn download(&self, key: &str, dest: &Path) -> Result<(u64, String)> {
         let result = self
             .store
             .get(&self.path(key))
@@ -320,7 +320,7 @@ impl SnapshotStore {
 
     /// The whole object `key` in memory, with its checksum: for deltas,
     /// which are applied from memory, so no local file or fsync.
-    pub async fn get(&self, key: &str) -> Result<(bytes::Bytes, String)> {
+    pub(crate) async fn get(&self, key: &str) -> Result<(bytes::Bytes, String)> {
         let bytes = self
             .store
             .get(&self.path(key))
@@ -335,7 +335,7 @@ impl SnapshotStore {
     }
 
     /// Keys under `dir` (relative to the store prefix), sorted.
-    pub async fn list(&self, dir: &str) -> Result<Vec<String>> {
+    pub(crate) async fn list(&self, dir: &str) -> Result<Vec<String>> {
         let base = self.path(dir);
         let prefix_len = self.prefix.parts().count();
         let mut keys = Vec::new();
@@ -354,7 +354,7 @@ impl SnapshotStore {
         Ok(keys)
     }
 
-    pub async fn delete(&self, key: &str) -> Result<()> {
+    pub(crate) async fn delete(&self, key: &str) -> Result<()> {
         match self.store.delete(&self.path(key)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.err("delete", key)(e)),

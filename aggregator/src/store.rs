@@ -47,7 +47,7 @@ pub const DEFAULT_MAP_SIZE: usize = 64 << 30;
 pub struct Store {
     pub env: Env<WithoutTls>,
     path: PathBuf,
-    pub sums: Database<'static, Bytes, Micros>,
+    pub(crate) sums: Database<'static, Bytes, Micros>,
     pub lifetime: Database<'static, Str, Bytes>,
     pub dedupe_log: Database<'static, Bytes, Bytes>,
     meta: Database<'static, Str, Bytes>,
@@ -164,7 +164,7 @@ impl Store {
         })
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
@@ -173,7 +173,7 @@ impl Store {
         self.env.info().map_size
     }
 
-    pub fn err(&self, op: &'static str) -> impl FnOnce(heed::Error) -> Error {
+    pub(crate) fn err(&self, op: &'static str) -> impl FnOnce(heed::Error) -> Error {
         Error::lmdb(&self.path, op)
     }
 
@@ -203,7 +203,7 @@ impl Store {
     }
 
     /// The error for a stored value that does not parse.
-    pub fn corrupt(&self, what: String, bytes: &[u8]) -> Error {
+    pub(crate) fn corrupt(&self, what: String, bytes: &[u8]) -> Error {
         Error::CorruptValue {
             path: self.path().to_path_buf(),
             what,
@@ -217,7 +217,7 @@ impl Store {
             .map_err(self.err("put last_applied_seq"))
     }
 
-    pub fn lineage(&self, txn: &RoTxn<'_>) -> Result<Option<String>, Error> {
+    pub(crate) fn lineage(&self, txn: &RoTxn<'_>) -> Result<Option<String>, Error> {
         Ok(self
             .meta
             .get(txn, META_LINEAGE)

@@ -5,40 +5,42 @@
 //! (docs/RECOVERY.md), the data directory's disk, and each shard's progress
 //! and checkpoint age, which operators alert on (docs/ALERTING.md).
 
-pub const TUPLES_APPLIED_TOTAL: &str = "adspend_aggregator_tuples_applied_total";
-pub const DUPLICATES_DROPPED_TOTAL: &str = "adspend_aggregator_duplicates_dropped_total";
-pub const APPLY_COMMITS_TOTAL: &str = "adspend_aggregator_apply_commits_total";
-pub const LAST_APPLIED_SEQ: &str = "adspend_aggregator_last_applied_seq";
-pub const CHECKPOINTS_TOTAL: &str = "adspend_aggregator_checkpoints_total";
-pub const CHECKPOINTS_COALESCED_TOTAL: &str = "adspend_aggregator_checkpoints_coalesced_total";
-pub const CHECKPOINT_SECONDS: &str = "adspend_aggregator_checkpoint_seconds";
+pub(crate) const TUPLES_APPLIED_TOTAL: &str = "adspend_aggregator_tuples_applied_total";
+pub(crate) const DUPLICATES_DROPPED_TOTAL: &str = "adspend_aggregator_duplicates_dropped_total";
+pub(crate) const APPLY_COMMITS_TOTAL: &str = "adspend_aggregator_apply_commits_total";
+pub(crate) const LAST_APPLIED_SEQ: &str = "adspend_aggregator_last_applied_seq";
+pub(crate) const CHECKPOINTS_TOTAL: &str = "adspend_aggregator_checkpoints_total";
+pub(crate) const CHECKPOINTS_COALESCED_TOTAL: &str =
+    "adspend_aggregator_checkpoints_coalesced_total";
+pub(crate) const CHECKPOINT_SECONDS: &str = "adspend_aggregator_checkpoint_seconds";
 /// Size of the recorded base snapshot (the compacted LMDB copy).
-pub const SNAPSHOT_BYTES: &str = "adspend_aggregator_snapshot_bytes";
+pub(crate) const SNAPSHOT_BYTES: &str = "adspend_aggregator_snapshot_bytes";
 /// Bytes uploaded by checkpoints, `kind="base"` (full copies) or
 /// `kind="delta"` (what changed since the previous checkpoint).
-pub const CHECKPOINT_UPLOADED_BYTES_TOTAL: &str =
+pub(crate) const CHECKPOINT_UPLOADED_BYTES_TOTAL: &str =
     "adspend_aggregator_checkpoint_uploaded_bytes_total";
-pub const DEDUPE_IDS: &str = "adspend_aggregator_dedupe_ids";
-pub const DEDUPE_WINDOW_SECONDS: &str = "adspend_aggregator_dedupe_window_seconds";
-pub const SUMS_PUSHES_TOTAL: &str = "adspend_aggregator_sums_pushes_total";
-pub const STREAM_INTEGRITY_ERRORS_TOTAL: &str = "adspend_aggregator_stream_integrity_errors_total";
+pub(crate) const DEDUPE_IDS: &str = "adspend_aggregator_dedupe_ids";
+pub(crate) const DEDUPE_WINDOW_SECONDS: &str = "adspend_aggregator_dedupe_window_seconds";
+pub(crate) const SUMS_PUSHES_TOTAL: &str = "adspend_aggregator_sums_pushes_total";
+pub(crate) const STREAM_INTEGRITY_ERRORS_TOTAL: &str =
+    "adspend_aggregator_stream_integrity_errors_total";
 /// `SPEND` messages or tuples the aggregator set aside (dead lettered) by
 /// reason, instead of stopping on them.
-pub const SPEND_SET_ASIDE_TOTAL: &str = "adspend_aggregator_spend_set_aside_total";
+pub(crate) const SPEND_SET_ASIDE_TOTAL: &str = "adspend_aggregator_spend_set_aside_total";
 // cluster mode
 /// Partitions this member applies now.
-pub const AGGREGATOR_OWNED_PARTITIONS: &str = "adspend_aggregator_owned_partitions";
+pub(crate) const AGGREGATOR_OWNED_PARTITIONS: &str = "adspend_aggregator_owned_partitions";
 /// Changes of this member's assigned partitions (joins and departures).
-pub const AGGREGATOR_REBALANCES_TOTAL: &str = "adspend_aggregator_rebalances_total";
+pub(crate) const AGGREGATOR_REBALANCES_TOTAL: &str = "adspend_aggregator_rebalances_total";
 /// Graceful handover, `side="take"`: from the partition being assigned here
 /// until it applies here; `side="release"`: from being asked to let go
 /// until the last checkpoint is recorded and the partition released.
-pub const AGGREGATOR_HANDOVER_SECONDS: &str = "adspend_aggregator_handover_seconds";
+pub(crate) const AGGREGATOR_HANDOVER_SECONDS: &str = "adspend_aggregator_handover_seconds";
 /// From noticing the previous owner's lease gone until the partition
 /// applies here (restore and catch-up included).
-pub const AGGREGATOR_FAILOVER_SECONDS: &str = "adspend_aggregator_failover_seconds";
+pub(crate) const AGGREGATOR_FAILOVER_SECONDS: &str = "adspend_aggregator_failover_seconds";
 /// Membership leases lost (keepalives unanswered or expired).
-pub const AGGREGATOR_LEASES_LOST_TOTAL: &str = "adspend_aggregator_leases_lost_total";
+pub(crate) const AGGREGATOR_LEASES_LOST_TOTAL: &str = "adspend_aggregator_leases_lost_total";
 
 /// Bucket bounds of the ownership histograms (handover, failover).
 const OWNERSHIP_BUCKETS: &[f64] = &[
@@ -53,7 +55,7 @@ const CHECKPOINT_BUCKETS: &[f64] = &[
 
 /// The aggregator's histograms with their bucket bounds, for the recorder
 /// (`adspend_common::service::Service::HISTOGRAMS`).
-pub const HISTOGRAMS: &[(&str, &[f64])] = &[
+pub(crate) const HISTOGRAMS: &[(&str, &[f64])] = &[
     (CHECKPOINT_SECONDS, CHECKPOINT_BUCKETS),
     (AGGREGATOR_HANDOVER_SECONDS, OWNERSHIP_BUCKETS),
     (AGGREGATOR_FAILOVER_SECONDS, OWNERSHIP_BUCKETS),
@@ -63,47 +65,48 @@ pub const HISTOGRAMS: &[(&str, &[f64])] = &[
 /// 1 while a shard cannot restore because the snapshot (base or delta) its
 /// checkpoint record names is gone and no safe way out was found; 0 once it
 /// restored or was rebuilt. Label `shard`.
-pub const SNAPSHOT_MISSING: &str = "adspend_aggregator_snapshot_missing";
+pub(crate) const SNAPSHOT_MISSING: &str = "adspend_aggregator_snapshot_missing";
 /// Restores that found the recorded snapshot gone. Label `shard`.
-pub const SNAPSHOT_MISSING_TOTAL: &str = "adspend_aggregator_snapshot_missing_total";
+pub(crate) const SNAPSHOT_MISSING_TOTAL: &str = "adspend_aggregator_snapshot_missing_total";
 /// Shards rebuilt from an empty state because their recorded snapshot was
 /// gone. Labels `shard`, `way`: `replay` (the whole stream, exact) or
 /// `accept_loss` (from the stream's first sequence, at the operator's word).
-pub const REBUILDS_TOTAL: &str = "adspend_aggregator_rebuilds_total";
+pub(crate) const REBUILDS_TOTAL: &str = "adspend_aggregator_rebuilds_total";
 /// Checkpoints that failed. Labels `shard`, `reason`: `bucket_missing` (S3
 /// has no such bucket), `store` (the object store failed otherwise),
 /// `record` (etcd or the local record), `other` (the copy, a task).
-pub const CHECKPOINT_FAILURES_TOTAL: &str = "adspend_aggregator_checkpoint_failures_total";
+pub(crate) const CHECKPOINT_FAILURES_TOTAL: &str = "adspend_aggregator_checkpoint_failures_total";
 /// Checkpoints that found objects of the recorded chain gone from the store
 /// and copied a new base instead of a delta on it. Label `shard`.
-pub const CHAIN_LOST_TOTAL: &str = "adspend_aggregator_checkpoint_chain_lost_total";
+pub(crate) const CHAIN_LOST_TOTAL: &str = "adspend_aggregator_checkpoint_chain_lost_total";
 /// The shard's watermark (unix seconds): its sums are complete as of this
 /// time (now while it is caught up, else the publish time of the last
 /// message applied). Set every push interval while the shard runs here;
 /// frozen while it applies nothing, 0 once it stopped here. Label `shard`.
-pub const WATERMARK_TIMESTAMP_SECONDS: &str = "adspend_aggregator_watermark_timestamp_seconds";
+pub(crate) const WATERMARK_TIMESTAMP_SECONDS: &str =
+    "adspend_aggregator_watermark_timestamp_seconds";
 /// When the shard's last checkpoint was recorded (unix seconds): the
 /// restored record's time, or the shard's start here when it had none,
 /// until its first checkpoint here; 0 once it stopped here. Label `shard`.
-pub const LAST_CHECKPOINT_TIMESTAMP_SECONDS: &str =
+pub(crate) const LAST_CHECKPOINT_TIMESTAMP_SECONDS: &str =
     "adspend_aggregator_last_checkpoint_timestamp_seconds";
 
 /// Times the lease keepalives went unanswered for half the TTL and the
 /// partitions paused (each ends in a resume or a lost lease).
-pub const LEASE_PAUSES_TOTAL: &str = "adspend_aggregator_lease_pauses_total";
+pub(crate) const LEASE_PAUSES_TOTAL: &str = "adspend_aggregator_lease_pauses_total";
 
 /// 1 while the shard waits for space in the data directory (a commit or a
 /// start-up write failed with ENOSPC); 0 once it went on. Label `shard`.
-pub const DISK_FULL: &str = "adspend_aggregator_disk_full";
+pub(crate) const DISK_FULL: &str = "adspend_aggregator_disk_full";
 /// Free bytes of the file system that holds the data directory, as the
 /// aggregator may write them; exported every 10 s.
-pub const DATA_DIR_FREE_BYTES: &str = "adspend_aggregator_data_dir_free_bytes";
+pub(crate) const DATA_DIR_FREE_BYTES: &str = "adspend_aggregator_data_dir_free_bytes";
 /// Size in bytes of the file system that holds the data directory.
-pub const DATA_DIR_SIZE_BYTES: &str = "adspend_aggregator_data_dir_size_bytes";
+pub(crate) const DATA_DIR_SIZE_BYTES: &str = "adspend_aggregator_data_dir_size_bytes";
 
 /// The `# HELP` text of the names above, for
 /// `adspend_common::telemetry::describe`.
-pub const DESCRIPTIONS: &[(&str, &str)] = &[
+pub(crate) const DESCRIPTIONS: &[(&str, &str)] = &[
     (TUPLES_APPLIED_TOTAL, "Spend tuples added to the sums."),
     (
         DUPLICATES_DROPPED_TOTAL,
@@ -221,14 +224,14 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
 /// (dropped), so that a shard that moved to another member is not taken
 /// for one that stopped applying.
 pub(crate) struct ShardGauges {
-    pub watermark: metrics::Gauge,
-    pub last_checkpoint: metrics::Gauge,
+    pub(crate) watermark: metrics::Gauge,
+    pub(crate) last_checkpoint: metrics::Gauge,
 }
 
 impl ShardGauges {
     /// The gauges of `shard`, whose last checkpoint was recorded at
     /// `checkpoint_ms` (unix ms).
-    pub fn start(shard: &str, checkpoint_ms: i64) -> Self {
+    pub(crate) fn start(shard: &str, checkpoint_ms: i64) -> Self {
         let gauges = ShardGauges {
             watermark: watermark(shard),
             last_checkpoint: last_checkpoint(shard),
@@ -263,7 +266,7 @@ mod tests {
         let names = include_str!("telemetry.rs").split("#[cfg(test)]").next();
         let declared: Vec<&str> = names
             .unwrap()
-            .split("pub const ")
+            .split("pub(crate) const ")
             .skip(1)
             .filter_map(|item| item.split_once(": &str =")?.1.split('"').nth(1))
             .collect();

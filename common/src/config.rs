@@ -85,7 +85,7 @@ pub struct StreamArgs {
     /// missing (3 on a three-node NATS cluster; 1 on a single server).
     #[arg(long = "stream-replicas", env = env::STREAM_REPLICAS, default_value_t = 1,
           value_parser = clap::value_parser!(u8).range(1..=5))]
-    pub stream_replicas: u8,
+    pub(crate) stream_replicas: u8,
 }
 
 impl StreamArgs {
@@ -100,32 +100,32 @@ pub struct EtcdArgs {
     /// (checkpoint records kept in the data directory).
     #[arg(
         long = "etcd-endpoints",
-        env = "ADSPEND_ETCD_ENDPOINTS",
+        env = env::ETCD_ENDPOINTS,
         default_value = ""
     )]
     pub etcd_endpoints: String,
 
     /// PEM file of the CA(s) to trust for etcd's server certificate. Set:
     /// every endpoint is reached over TLS (`https://`, or no scheme).
-    #[arg(long = "etcd-tls-ca", env = "ADSPEND_ETCD_TLS_CA")]
+    #[arg(long = "etcd-tls-ca", env = env::ETCD_TLS_CA)]
     pub etcd_tls_ca: Option<PathBuf>,
 
     /// PEM client certificate, for an etcd started with
     /// `--client-cert-auth`; needs ADSPEND_ETCD_TLS_KEY and ADSPEND_ETCD_TLS_CA.
-    #[arg(long = "etcd-tls-cert", env = "ADSPEND_ETCD_TLS_CERT")]
+    #[arg(long = "etcd-tls-cert", env = env::ETCD_TLS_CERT)]
     pub etcd_tls_cert: Option<PathBuf>,
 
     /// PEM private key of ADSPEND_ETCD_TLS_CERT.
-    #[arg(long = "etcd-tls-key", env = "ADSPEND_ETCD_TLS_KEY")]
+    #[arg(long = "etcd-tls-key", env = env::ETCD_TLS_KEY)]
     pub etcd_tls_key: Option<PathBuf>,
 }
 
 /// The PEM contents behind [`EtcdArgs`]' TLS settings, read and checked.
 #[derive(Clone)]
 pub(crate) struct EtcdTlsFiles {
-    pub ca: Vec<u8>,
+    pub(crate) ca: Vec<u8>,
     /// Client certificate and key, for mutual TLS.
-    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    pub(crate) identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl EtcdArgs {
@@ -253,7 +253,7 @@ pub struct CatalogArgs {
         env = env::CATALOG,
         default_value = "./catalog.json"
     )]
-    pub catalog: String,
+    pub(crate) catalog: String,
 }
 
 impl CatalogArgs {
@@ -273,7 +273,7 @@ pub enum CatalogSource {
 
 impl CatalogSource {
     /// `etcd:///<key>` or a path.
-    pub fn parse(value: &str, etcd: &EtcdArgs) -> Result<Self, Error> {
+    pub(crate) fn parse(value: &str, etcd: &EtcdArgs) -> Result<Self, Error> {
         if let Some(key) = value.strip_prefix("etcd://") {
             if etcd.endpoints().is_empty() {
                 return Err(Error::Config {

@@ -4,7 +4,7 @@
 //! docs/CONFIGURATION.md says what they mean.
 
 // Every service
-pub const NATS_URL: &str = "ADSPEND_NATS_URL";
+pub(crate) const NATS_URL: &str = "ADSPEND_NATS_URL";
 pub(crate) const NATS_USER: &str = "ADSPEND_NATS_USER";
 pub(crate) const NATS_PASSWORD: &str = "ADSPEND_NATS_PASSWORD";
 pub(crate) const NATS_TLS_CA: &str = "ADSPEND_NATS_TLS_CA";
@@ -15,15 +15,17 @@ pub(crate) const ETCD_TLS_CA: &str = "ADSPEND_ETCD_TLS_CA";
 pub(crate) const ETCD_TLS_CERT: &str = "ADSPEND_ETCD_TLS_CERT";
 pub(crate) const ETCD_TLS_KEY: &str = "ADSPEND_ETCD_TLS_KEY";
 pub const METRICS_ADDR: &str = "ADSPEND_METRICS_ADDR";
+// Read only by the armed failure points.
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
 pub(crate) const FAILPOINTS: &str = "ADSPEND_FAILPOINTS";
-pub const WORKER_THREADS: &str = "ADSPEND_WORKER_THREADS";
+pub(crate) const WORKER_THREADS: &str = "ADSPEND_WORKER_THREADS";
 
 // Limiter and aggregator
 pub(crate) const STREAM_REPLICAS: &str = "ADSPEND_STREAM_REPLICAS";
 pub const PARTITIONS: &str = "ADSPEND_PARTITIONS";
 
 // Limiter and pacer
-pub const CATALOG: &str = "ADSPEND_CATALOG";
+pub(crate) const CATALOG: &str = "ADSPEND_CATALOG";
 
 // Limiter
 pub const CHECKPOINT_INTERVAL_MS: &str = "ADSPEND_CHECKPOINT_INTERVAL_MS";
@@ -71,7 +73,8 @@ pub const ALERTS_WEBHOOK_URL: &str = "ADSPEND_ALERTS_WEBHOOK_URL";
 pub const ALERTS_WEBHOOK_SECRET: &str = "ADSPEND_ALERTS_WEBHOOK_SECRET";
 
 /// Every name above, for checks over all of them.
-pub const ALL: &[&str] = &[
+#[cfg(test)]
+const ALL: &[&str] = &[
     NATS_URL,
     NATS_USER,
     NATS_PASSWORD,

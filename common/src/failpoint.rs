@@ -55,7 +55,7 @@ mod armed {
     fn points() -> &'static HashMap<String, Point> {
         static POINTS: OnceLock<HashMap<String, Point>> = OnceLock::new();
         POINTS.get_or_init(|| {
-            let spec = std::env::var("ADSPEND_FAILPOINTS").unwrap_or_default();
+            let spec = std::env::var(crate::env::FAILPOINTS).unwrap_or_default();
             spec.split(',')
                 .filter(|s| !s.is_empty())
                 .map(parse)
@@ -63,13 +63,13 @@ mod armed {
         })
     }
 
-    pub fn armed_for(name: &str, value: u64) -> bool {
+    pub(super) fn armed_for(name: &str, value: u64) -> bool {
         points()
             .get(name)
             .is_some_and(|p| p.value.as_deref() == Some(value.to_string().as_str()))
     }
 
-    pub fn hit(name: &str, damage: impl FnOnce()) {
+    pub(super) fn hit(name: &str, damage: impl FnOnce()) {
         if let Some(point) = points().get(name).filter(|p| p.value.is_none()) {
             if point.hits.fetch_add(1, Ordering::SeqCst) + 1 == point.fire_at {
                 if let Some(stall) = point.stall {

@@ -30,7 +30,7 @@ pub type Histograms = &'static [(&'static str, &'static [f64])];
 
 /// The `# HELP` text of every metric named here, one line each: Prometheus
 /// tooling (`promtool check metrics`) wants one for every metric.
-pub const DESCRIPTIONS: &[(&str, &str)] = &[
+pub(crate) const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         NATS_UNAUTHENTICATED,
         "1 when the NATS server this service connected to lets clients in without authentication, else 0.",

@@ -12,7 +12,7 @@
 //!
 //! What folding pushes does to the pacer's state (never going backwards, a
 //! repeated push changing no sum) is the pacer's own code:
-//! pacer/src/state/tests.rs checks it with proptest.
+//! pacer/src/pacing/state/tests.rs checks it with proptest.
 #![no_main]
 
 use adspend_wire::codec::{decode_push, decode_sums, encode_sums};

@@ -71,15 +71,15 @@ pub struct RawInput<'a> {
 /// tuples in `spend`, in order) followed by the dead letters.
 pub struct Encoded {
     pub out: Output,
-    pub outgoing: Vec<OutMessage>,
+    pub(crate) outgoing: Vec<OutMessage>,
     /// `outgoing[after..]` (the spend on leases' keys, then the dead
     /// letters) is published only once `outgoing[..after]` (the spend on
     /// limits) is stored: a lease's reported spend must never be counted
     /// before the same impressions' spend on its limits can be.
-    pub after: usize,
-    pub spend: Vec<(u32, u64)>,
+    pub(crate) after: usize,
+    pub(crate) spend: Vec<(u32, u64)>,
     /// Impressions read again (their message was redelivered).
-    pub redelivered: u64,
+    pub(crate) redelivered: u64,
 }
 
 /// A chunk mapped and encoded, waiting to be published in its turn.
@@ -215,9 +215,9 @@ impl Mapping {
 
 /// What publishes mapped chunks, in order, and acknowledges their input.
 pub(crate) struct Limiter {
-    pub publisher: Publisher,
-    pub mapping: Mapping,
-    pub downstream: Downstream,
+    pub(crate) publisher: Publisher,
+    pub(crate) mapping: Mapping,
+    pub(crate) downstream: Downstream,
 }
 
 /// The output NATS would not take, though it answered.
@@ -227,7 +227,7 @@ impl Limiter {
     /// Publish a mapped chunk and acknowledge its input. Output NATS
     /// refuses is narrowed down to the message that makes it, mapped anew
     /// one message at a time, and that message is set aside.
-    pub async fn complete(&mut self, mapped: Mapped) {
+    pub(crate) async fn complete(&mut self, mapped: Mapped) {
         let Err(Refused(error)) = self.publish_and_ack(&mapped).await else {
             return;
         };
@@ -321,7 +321,7 @@ impl Limiter {
         published
     }
 
-    pub async fn publish_markers(&mut self) {
+    pub(crate) async fn publish_markers(&mut self) {
         let markers = crate::publish::markers(self.mapping.partitions);
         if let Publish::Done(_) = self.publisher.publish(&markers, false).await {
             metrics::counter!(MARKERS_TOTAL).increment(u64::from(self.mapping.partitions));

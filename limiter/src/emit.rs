@@ -16,30 +16,31 @@ use rustc_hash::FxHashMap;
 
 /// Default ceiling of one impression's cost (one million currency units):
 /// far above any real impression, far below what could overflow a sum.
-pub const DEFAULT_MAX_COST_MICROS: Micros = 1_000_000_000_000;
+pub(crate) const DEFAULT_MAX_COST_MICROS: Micros = 1_000_000_000_000;
 
 /// An input message: its bytes and where it sits in `IMPRESSIONS`.
-pub struct Input<'a> {
-    pub stream_seq: u64,
-    pub payload: &'a [u8],
+pub(crate) struct Input<'a> {
+    pub(crate) stream_seq: u64,
+    pub(crate) payload: &'a [u8],
 }
 
 /// The spend of one partition: tuples whose `limit` indexes `limits`.
 #[derive(Default, Debug)]
-pub struct PartitionOut {
-    pub limits: Vec<Arc<str>>,
-    pub tuples: Vec<SpendTuple>,
+pub(crate) struct PartitionOut {
+    pub(crate) limits: Vec<Arc<str>>,
+    pub(crate) tuples: Vec<SpendTuple>,
 }
 
 impl PartitionOut {
-    pub fn limit_of(&self, tuple: &SpendTuple) -> &str {
+    #[cfg(test)]
+    pub(crate) fn limit_of(&self, tuple: &SpendTuple) -> &str {
         &self.limits[tuple.limit as usize]
     }
 
     /// Encoded `SPEND` messages of at most `per_message` tuples each, with
     /// the number of tuples in each; each carries only the limit ids its
     /// tuples use.
-    pub fn encode(&self, per_message: usize, source_ms: i64) -> Vec<(Vec<u8>, usize)> {
+    pub(crate) fn encode(&self, per_message: usize, source_ms: i64) -> Vec<(Vec<u8>, usize)> {
         let mut local = vec![u32::MAX; self.limits.len()];
         let mut names: Vec<&str> = Vec::new();
         let mut tuples: Vec<SpendTuple> = Vec::with_capacity(per_message.min(self.tuples.len()));
@@ -79,15 +80,15 @@ impl PartitionOut {
 #[derive(Default)]
 pub struct Output {
     /// Indexed by partition.
-    pub partitions: Vec<PartitionOut>,
+    pub(crate) partitions: Vec<PartitionOut>,
     /// The spend booked to spend leases' keys, indexed by partition: kept
     /// apart, to be published after the rest of the chunk is stored
     /// (`crate::chunk`), so that a lease's reported spend never reaches
     /// the aggregators before the same impressions' spend on its limits.
-    pub leases: Vec<PartitionOut>,
-    pub dead_letters: Vec<DeadLetter>,
+    pub(crate) leases: Vec<PartitionOut>,
+    pub(crate) dead_letters: Vec<DeadLetter>,
     pub impressions: u64,
-    pub rejected: Vec<(Reason, u64)>,
+    pub(crate) rejected: Vec<(Reason, u64)>,
     /// Catalog limit (by address: one catalog serves a whole chunk, and the
     /// partitions' `limits` keep every id alive) → its partition and its
     /// index there. One lookup per tuple instead of hashing the id's text
@@ -98,10 +99,10 @@ pub struct Output {
     /// key is made here, not taken from the catalog).
     lease_slots: FxHashMap<Box<str>, (u32, u32)>,
     /// Impressions costing more go to the dead letters (`cost_too_large`).
-    pub max_cost_micros: u64,
+    pub(crate) max_cost_micros: u64,
     /// Earliest `ts` (unix ms) of the impressions mapped to spend; `None`
     /// with none (every line dead-lettered, or no line at all).
-    pub oldest_ts_ms: Option<i64>,
+    pub(crate) oldest_ts_ms: Option<i64>,
 }
 
 /// When the spend of a chunk began, for the pacer's lag (`source_ms` of its
@@ -113,7 +114,7 @@ pub struct Output {
 /// other way: a `ts` ahead of the publish time (an ad server's clock running
 /// fast) cannot make the lag negative or hide the time the chunk spent in
 /// the stream.
-pub fn chunk_source_ms(oldest_published_ms: i64, oldest_ts_ms: Option<i64>) -> i64 {
+pub(crate) fn chunk_source_ms(oldest_published_ms: i64, oldest_ts_ms: Option<i64>) -> i64 {
     oldest_ts_ms.map_or(oldest_published_ms, |ts| ts.min(oldest_published_ms))
 }
 
@@ -122,7 +123,7 @@ pub fn partition_of(limit: &str, partitions: u32) -> u32 {
 }
 
 impl Output {
-    pub fn new(partitions: u32) -> Self {
+    pub(crate) fn new(partitions: u32) -> Self {
         Output {
             partitions: (0..partitions).map(|_| PartitionOut::default()).collect(),
             leases: (0..partitions).map(|_| PartitionOut::default()).collect(),
@@ -131,7 +132,7 @@ impl Output {
         }
     }
 
-    pub fn with_max_cost(mut self, max_cost_micros: u64) -> Self {
+    pub(crate) fn with_max_cost(mut self, max_cost_micros: u64) -> Self {
         self.max_cost_micros = max_cost_micros;
         self
     }
@@ -151,7 +152,7 @@ impl Output {
             })
     }
 
-    pub fn tuples(&self) -> usize {
+    pub(crate) fn tuples(&self) -> usize {
         self.partitions
             .iter()
             .chain(&self.leases)
@@ -194,7 +195,7 @@ impl Output {
     }
 
     /// Split one input message into lines and map each.
-    pub fn add(&mut self, input: &Input<'_>, catalog: &Catalog) {
+    pub(crate) fn add(&mut self, input: &Input<'_>, catalog: &Catalog) {
         let mut overflow = Overflow::default();
         for (line_no, line) in input.payload.split(|&b| b == b'\n').enumerate() {
             let line = line.strip_suffix(b"\r").unwrap_or(line);

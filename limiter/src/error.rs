@@ -24,7 +24,8 @@ pub enum Error {
 
 impl Error {
     /// Whether the same step may succeed later by itself (NATS or etcd away).
-    pub fn is_retryable(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_retryable(&self) -> bool {
         match self {
             Error::Common(e) => e.is_retryable(),
             Error::Consumer { .. } | Error::Subscribe { .. } => true,

@@ -14,14 +14,14 @@
 //! pacers a [`report`] of how the input is shared among its sources.
 
 pub mod chunk;
-pub mod config;
+mod config;
 pub mod downstream;
 pub mod emit;
-pub mod error;
+mod error;
 pub mod fair;
 mod nats_store;
-pub mod publish;
-pub mod report;
+mod publish;
+mod report;
 mod set_aside;
 pub mod telemetry;
 

@@ -34,21 +34,21 @@ use tokio_util::sync::CancellationToken;
 use crate::telemetry::{PUBLISH_FAILING_SINCE_SECONDS, PUBLISH_RETRIES_TOTAL};
 
 /// Most publishes awaiting their acknowledgement at once.
-pub const WINDOW: usize = 256;
+pub(crate) const WINDOW: usize = 256;
 /// Refusals of one window in a row after which the output is blamed.
-pub const TRIES_BEFORE_BLAME: u32 = 5;
+pub(crate) const TRIES_BEFORE_BLAME: u32 = 5;
 /// Longest wait for one window to be acknowledged.
 const WINDOW_TIMEOUT: Duration = Duration::from_secs(15);
 const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// One message to publish.
-pub struct OutMessage {
-    pub subject: String,
-    pub headers: HeaderMap,
-    pub payload: Bytes,
+pub(crate) struct OutMessage {
+    pub(crate) subject: String,
+    pub(crate) headers: HeaderMap,
+    pub(crate) payload: Bytes,
 }
 
-pub enum Publish {
+pub(crate) enum Publish {
     /// Acknowledged, with each message's stream sequence.
     Done(Vec<u64>),
     /// Shutdown came while retrying: the input stays unacknowledged and is
@@ -61,11 +61,11 @@ pub enum Publish {
 /// Why one try of a window failed, and whose fault it is.
 #[derive(Debug)]
 pub(crate) struct Failure {
-    pub text: String,
+    pub(crate) text: String,
     /// The message itself is refused, and would be again: over the max
     /// payload, or JetStream answered that the request is bad. Otherwise
     /// an outage, which says nothing about the message.
-    pub refusal: bool,
+    pub(crate) refusal: bool,
 }
 
 impl Failure {
@@ -80,7 +80,7 @@ impl Failure {
     /// A timeout (no ack: the server paused, restarted, its store full), a
     /// broken connection, no stream answering, a full store (JetStream's
     /// 503 "insufficient resources") or anything unknown is an outage.
-    pub fn of(error: &jetstream::context::PublishError, text: String) -> Self {
+    pub(crate) fn of(error: &jetstream::context::PublishError, text: String) -> Self {
         let refusal = match error.kind() {
             PublishErrorKind::MaxPayloadExceeded => true,
             PublishErrorKind::Other => std::error::Error::source(error)
@@ -94,7 +94,7 @@ impl Failure {
 
 /// A checkpoint marker for every partition, all with one id: what the
 /// limiter injects every checkpoint interval.
-pub fn markers(partitions: u32) -> Vec<OutMessage> {
+pub(crate) fn markers(partitions: u32) -> Vec<OutMessage> {
     let marker_id = now_ms() as u64;
     (0..partitions)
         .map(|partition| OutMessage {
@@ -111,7 +111,7 @@ pub fn markers(partitions: u32) -> Vec<OutMessage> {
 }
 
 #[derive(Clone)]
-pub struct Publisher {
+pub(crate) struct Publisher {
     js: jetstream::Context,
     shutdown: CancellationToken,
     /// Unix ms of the first failure of the publishes failing now, 0 while
@@ -120,7 +120,7 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    pub fn new(js: jetstream::Context, shutdown: CancellationToken) -> Self {
+    pub(crate) fn new(js: jetstream::Context, shutdown: CancellationToken) -> Self {
         metrics::gauge!(PUBLISH_FAILING_SINCE_SECONDS).set(0.0);
         Publisher {
             js,
@@ -132,7 +132,7 @@ impl Publisher {
     /// Publish every message in order. `may_refuse`: give up on output that
     /// NATS keeps refusing for what it is; otherwise retry until done or
     /// shut down (for small messages we make ourselves, like markers).
-    pub async fn publish(&self, messages: &[OutMessage], may_refuse: bool) -> Publish {
+    pub(crate) async fn publish(&self, messages: &[OutMessage], may_refuse: bool) -> Publish {
         let mut seqs = Vec::with_capacity(messages.len());
         for window in messages.chunks(WINDOW) {
             match self.publish_window(window, may_refuse).await {

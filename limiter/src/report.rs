@@ -18,12 +18,12 @@ use crate::config::Scheduling;
 use crate::fair::{SourceStat, USAGE_WINDOW};
 
 /// How often a report is sent.
-pub const REPORT_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const REPORT_EVERY: Duration = Duration::from_secs(1);
 /// Longest wait for a report to be handed to the connection.
 const PUBLISH_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Builds the reports: the rates need the totals of the previous one.
-pub struct Reporter {
+pub(crate) struct Reporter {
     limiter: String,
     consumer: String,
     scheduling: SchedulingMode,
@@ -34,7 +34,7 @@ pub struct Reporter {
 }
 
 impl Reporter {
-    pub fn new(consumer: &str, scheduling: Scheduling) -> Reporter {
+    pub(crate) fn new(consumer: &str, scheduling: Scheduling) -> Reporter {
         Reporter {
             limiter: limiter_name(),
             consumer: consumer.to_string(),
@@ -49,7 +49,7 @@ impl Reporter {
     }
 
     /// The report of `stats` (`None`: FIFO scheduling) taken at `now`.
-    pub fn build(
+    pub(crate) fn build(
         &mut self,
         stats: Option<(Vec<SourceStat>, bool)>,
         now: Instant,
@@ -100,7 +100,7 @@ impl Reporter {
 
     /// Build and send a report; a failure is logged once and otherwise
     /// ignored (the next report follows).
-    pub async fn send(
+    pub(crate) async fn send(
         &mut self,
         client: &async_nats::Client,
         stats: Option<(Vec<SourceStat>, bool)>,

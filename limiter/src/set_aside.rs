@@ -14,25 +14,25 @@ use crate::publish::{OutMessage, Publish, Publisher};
 use crate::telemetry::{LIMITER_SET_ASIDE_TOTAL, REJECTED_TOTAL};
 
 /// The reason (and subject suffix) of a set-aside record.
-pub const REASON: &str = "set_aside";
+pub(crate) const REASON: &str = "set_aside";
 /// The longest error text a record carries, in bytes.
 const ERROR_BYTES: usize = 1024;
 
 /// What `deadletter.set_aside` holds for one input message.
 #[derive(Debug, Serialize)]
-pub struct SetAside {
-    pub reason: &'static str,
+pub(crate) struct SetAside {
+    pub(crate) reason: &'static str,
     /// Why its output could not be published (the last error).
-    pub detail: String,
-    pub stream_seq: u64,
-    pub subject: String,
-    pub payload_bytes: usize,
+    pub(crate) detail: String,
+    pub(crate) stream_seq: u64,
+    pub(crate) subject: String,
+    pub(crate) payload_bytes: usize,
     /// The message's xxh3-64, hex.
-    pub payload_xxh3: String,
+    pub(crate) payload_xxh3: String,
 }
 
 impl SetAside {
-    pub fn new(stream_seq: u64, subject: &str, payload: &[u8], error: &str) -> Self {
+    pub(crate) fn new(stream_seq: u64, subject: &str, payload: &[u8], error: &str) -> Self {
         let mut detail = error.to_string();
         if detail.len() > ERROR_BYTES {
             let mut end = ERROR_BYTES;

@@ -10,49 +10,52 @@ pub const IMPRESSIONS_TOTAL: &str = "adspend_limiter_impressions_total";
 /// (an ack wait ran out, or a limiter died holding it); their tuples are
 /// re-emitted and dropped by id downstream.
 pub const REDELIVERED_IMPRESSIONS_TOTAL: &str = "adspend_limiter_redelivered_impressions_total";
-pub const REJECTED_TOTAL: &str = "adspend_rejected_total";
+pub(crate) const REJECTED_TOTAL: &str = "adspend_rejected_total";
 /// Input messages the limiter set aside: NATS answered but kept refusing
 /// their output (recorded on `deadletter.set_aside`).
-pub const LIMITER_SET_ASIDE_TOTAL: &str = "adspend_limiter_set_aside_total";
-pub const TUPLES_EMITTED_TOTAL: &str = "adspend_limiter_tuples_emitted_total";
-pub const SPEND_MESSAGES_TOTAL: &str = "adspend_limiter_spend_messages_total";
-pub const MARKERS_TOTAL: &str = "adspend_limiter_markers_total";
+pub(crate) const LIMITER_SET_ASIDE_TOTAL: &str = "adspend_limiter_set_aside_total";
+pub(crate) const TUPLES_EMITTED_TOTAL: &str = "adspend_limiter_tuples_emitted_total";
+pub(crate) const SPEND_MESSAGES_TOTAL: &str = "adspend_limiter_spend_messages_total";
+pub(crate) const MARKERS_TOTAL: &str = "adspend_limiter_markers_total";
 // fair scheduling among sources (gauges labelled `source`)
 /// The source's share of the limiter's usage over the sliding window, 0..=1.
-pub const LIMITER_SOURCE_USAGE_SHARE: &str = "adspend_limiter_source_usage_share";
+pub(crate) const LIMITER_SOURCE_USAGE_SHARE: &str = "adspend_limiter_source_usage_share";
 /// Age of the source's oldest waiting event.
-pub const LIMITER_SOURCE_LAG_SECONDS: &str = "adspend_limiter_source_lag_seconds";
+pub(crate) const LIMITER_SOURCE_LAG_SECONDS: &str = "adspend_limiter_source_lag_seconds";
 /// 1 while the source is held back so that waiting sources get their share.
-pub const LIMITER_SOURCE_HELD_BACK: &str = "adspend_limiter_source_held_back";
+pub(crate) const LIMITER_SOURCE_HELD_BACK: &str = "adspend_limiter_source_held_back";
 /// Tuples this limiter published to `SPEND` that no aggregator has reported
 /// as applied (the queue behind it; fair scheduling keeps backlogs within a
 /// window of `ADSPEND_LIMITER_DOWNSTREAM_MAX_TUPLES`).
-pub const LIMITER_DOWNSTREAM_QUEUED_TUPLES: &str = "adspend_limiter_downstream_queued_tuples";
+pub(crate) const LIMITER_DOWNSTREAM_QUEUED_TUPLES: &str =
+    "adspend_limiter_downstream_queued_tuples";
 /// The window's size now, in tuples: the bound, or less while the other
 /// sources' delay is over `ADSPEND_LIMITER_DOWNSTREAM_TARGET_MS`.
-pub const LIMITER_DOWNSTREAM_WINDOW_TUPLES: &str = "adspend_limiter_downstream_window_tuples";
+pub(crate) const LIMITER_DOWNSTREAM_WINDOW_TUPLES: &str =
+    "adspend_limiter_downstream_window_tuples";
 /// Fair rounds in which the window held a backlog back.
-pub const LIMITER_CONGESTED_ROUNDS_TOTAL: &str = "adspend_limiter_congested_rounds_total";
+pub(crate) const LIMITER_CONGESTED_ROUNDS_TOTAL: &str = "adspend_limiter_congested_rounds_total";
 // output publishes through an outage
 /// Tries of an output publish that failed and are retried. Label `cause`:
 /// `outage` (a timeout, a lost connection, a restarted server, a full
 /// store: retried however long it lasts) or `refusal` (NATS refused the
 /// message itself; after a few in a row its input is set aside).
-pub const PUBLISH_RETRIES_TOTAL: &str = "adspend_limiter_publish_retries_total";
+pub(crate) const PUBLISH_RETRIES_TOTAL: &str = "adspend_limiter_publish_retries_total";
 /// When the output publishes failing now first failed (unix seconds); 0
 /// while they succeed. `time() - this` is how long the limiter has been
 /// unable to write, its input waiting meanwhile.
-pub const PUBLISH_FAILING_SINCE_SECONDS: &str = "adspend_limiter_publish_failing_since_seconds";
+pub(crate) const PUBLISH_FAILING_SINCE_SECONDS: &str =
+    "adspend_limiter_publish_failing_since_seconds";
 /// Bytes the account's streams hold in JetStream's file store, as
 /// JetStream reports them every 15 s.
-pub const NATS_STORAGE_BYTES: &str = "adspend_limiter_nats_storage_bytes";
+pub(crate) const NATS_STORAGE_BYTES: &str = "adspend_limiter_nats_storage_bytes";
 /// The account's file store limit in bytes (its own or its tiers'); 0 when
 /// unlimited, where only the server's `max_file_store` and the disk bound it.
-pub const NATS_STORAGE_LIMIT_BYTES: &str = "adspend_limiter_nats_storage_limit_bytes";
+pub(crate) const NATS_STORAGE_LIMIT_BYTES: &str = "adspend_limiter_nats_storage_limit_bytes";
 
 /// The `# HELP` text of the names above, for
 /// `adspend_common::telemetry::describe`.
-pub const DESCRIPTIONS: &[(&str, &str)] = &[
+pub(crate) const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         IMPRESSIONS_TOTAL,
         "Impressions the limiter took from IMPRESSIONS and published spend for.",

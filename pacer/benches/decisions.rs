@@ -6,8 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use adspend_pacer::pacing::{decide, tick};
-use adspend_pacer::state::SpendState;
+use adspend_pacer::pacing::{decide, tick, SpendState};
 use adspend_wire::catalog::Catalog;
 use adspend_wire::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET};
 use chrono::Utc;

@@ -10,8 +10,7 @@
 //!
 //! Day 1 warms up (the traffic shape is learned); figures are for day 2.
 
-use adspend_pacer::pacing::{tick, verdict};
-use adspend_pacer::state::SpendState;
+use adspend_pacer::pacing::{tick, verdict, SpendState};
 use adspend_wire::catalog::Catalog;
 use adspend_wire::types::{SumEntry, SumsUpdate};
 use chrono::{DateTime, TimeZone, Utc};

@@ -7,8 +7,8 @@ use adspend_common::env;
 use adspend_common::Error;
 use clap::Parser;
 
-use crate::auth::{parse_tokens, Auth};
-use crate::serve::HttpLimits;
+use crate::http::auth::{parse_tokens, Auth};
+use crate::http::serve::HttpLimits;
 
 /// Holds budget state from the aggregators' pushes and answers ad servers:
 /// may I bid on this ad, how hard, what is left.
@@ -16,18 +16,18 @@ use crate::serve::HttpLimits;
 #[command(name = "pacer", version)]
 pub struct Config {
     #[command(flatten)]
-    pub nats: NatsArgs,
+    pub(crate) nats: NatsArgs,
     #[command(flatten)]
-    pub etcd: EtcdArgs,
+    pub(crate) etcd: EtcdArgs,
     #[command(flatten)]
-    pub catalog: CatalogArgs,
+    pub(crate) catalog: CatalogArgs,
     /// Replicas of `ALERTS` when the pacer creates it.
     #[command(flatten)]
-    pub streams: StreamArgs,
+    pub(crate) streams: StreamArgs,
     /// Budget alerts are also POSTed here (http or https), signed with
     /// ADSPEND_ALERTS_WEBHOOK_SECRET; empty: no webhook (docs/BUDGET-ALERTS.md).
     #[arg(long, env = env::ALERTS_WEBHOOK_URL, default_value = "")]
-    pub alerts_webhook_url: String,
+    pub(crate) alerts_webhook_url: String,
     /// The HMAC-SHA256 key of the webhook's `X-Adspend-Signature`, at least
     /// 16 bytes; required with ADSPEND_ALERTS_WEBHOOK_URL.
     #[arg(
@@ -37,26 +37,26 @@ pub struct Config {
         hide_env_values = true,
         hide_default_value = true
     )]
-    pub alerts_webhook_secret: Secret,
+    pub(crate) alerts_webhook_secret: Secret,
     /// HTTP listen address of the API and dashboard.
     #[arg(long, env = env::PACER_ADDR, default_value = "127.0.0.1:8080")]
-    pub pacer_addr: String,
+    pub(crate) pacer_addr: String,
     /// PEM certificate chain (leaf first) of HTTPS on the API port; with
     /// ADSPEND_PACER_TLS_KEY. Empty: plain HTTP. The operations listener
     /// (ADSPEND_PACER_OPS_ADDR) stays plain.
     #[arg(long, env = env::PACER_TLS_CERT, default_value = "")]
-    pub tls_cert: String,
+    pub(crate) tls_cert: String,
     /// PEM private key of ADSPEND_PACER_TLS_CERT.
     #[arg(long, env = env::PACER_TLS_KEY, default_value = "")]
-    pub tls_key: String,
+    pub(crate) tls_key: String,
     /// Prometheus /metrics listen address (also served on the API port).
     #[arg(long, env = env::METRICS_ADDR, default_value = "127.0.0.1:9103")]
-    pub metrics_addr: String,
+    pub(crate) metrics_addr: String,
     /// Optional second listen address serving only /healthz and /metrics,
     /// never behind a token (for probes and scrapers kept off the API
     /// port's network). Empty: none; both stay on the API port either way.
     #[arg(long, env = env::PACER_OPS_ADDR, default_value = "")]
-    pub ops_addr: String,
+    pub(crate) ops_addr: String,
     /// Milliseconds after which a shard whose owner has pushed nothing (not
     /// even its heartbeat, sent at least every second while idle) is stale:
     /// its limits say `"stale": true` and the ads under them are not
@@ -64,7 +64,7 @@ pub struct Config {
     /// interval (ADSPEND_PUSH_INTERVAL_MS).
     #[arg(long, env = env::PACER_STALE_AFTER_MS, default_value_t = 30_000,
           value_parser = clap::value_parser!(u64).range(2_000..=86_400_000))]
-    pub stale_after_ms: u64,
+    pub(crate) stale_after_ms: u64,
     /// Bearer tokens of the read scope (GET /v1/limits…, /v1/shards: the
     /// dashboard's data), comma-separated, each at least 16 characters of
     /// A-Z a-z 0-9 - . _ ~ + / (= at the end). Empty: reading needs no token.
@@ -75,7 +75,7 @@ pub struct Config {
         hide_env_values = true,
         hide_default_value = true
     )]
-    pub read_tokens: Secret,
+    pub(crate) read_tokens: Secret,
     /// Bearer tokens of the decide scope (POST /v1/decisions), as for the
     /// read scope; a decide token does not read. Empty: deciding needs no
     /// token.
@@ -86,23 +86,23 @@ pub struct Config {
         hide_env_values = true,
         hide_default_value = true
     )]
-    pub decide_tokens: Secret,
+    pub(crate) decide_tokens: Secret,
     /// Milliseconds a request may take, from its first byte to its answer
     /// (head, body and handling): a slower one gets 408 or, still in its
     /// head, a closed connection. Also how long a new connection may stay
     /// silent and a response write may stall.
     #[arg(long, env = env::PACER_REQUEST_TIMEOUT_MS, default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(100..=600_000))]
-    pub request_timeout_ms: u64,
+    pub(crate) request_timeout_ms: u64,
     /// Milliseconds a keep-alive connection may sit idle between requests.
     #[arg(long, env = env::PACER_IDLE_TIMEOUT_MS, default_value_t = 60_000,
           value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
-    pub idle_timeout_ms: u64,
+    pub(crate) idle_timeout_ms: u64,
     /// Most open connections on the API port (each carries one request at a
     /// time); more wait in the listen backlog until one closes.
     #[arg(long, env = env::PACER_MAX_CONNECTIONS, default_value_t = 1024,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
-    pub max_connections: u64,
+    pub(crate) max_connections: u64,
     /// Most open connections on the API port from one client address (an
     /// IPv6 client by its /64), so that one host cannot take every place
     /// under ADSPEND_PACER_MAX_CONNECTIONS: one more is answered 429 and
@@ -110,30 +110,30 @@ pub struct Config {
     /// to ADSPEND_PACER_MAX_CONNECTIONS there. Above that, that one applies.
     #[arg(long, env = env::PACER_MAX_CONNECTIONS_PER_ADDR, default_value_t = 128,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
-    pub max_connections_per_addr: u64,
+    pub(crate) max_connections_per_addr: u64,
     /// Most ad ids in one POST /v1/decisions: a larger batch is answered
     /// 413 (JSON) without being decided. With each ad's limits bounded by
     /// the catalog's shape, this bounds a decision batch's time and answer.
     #[arg(long, env = env::PACER_MAX_DECISION_IDS, default_value_t = 1_000,
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
-    pub max_decision_ids: u64,
+    pub(crate) max_decision_ids: u64,
     /// The pacing served: `adspend` (its own) or `baseline` (LinkedIn-style
     /// pass-through rate, stop at the visible budget; for comparisons).
     #[arg(long, env = env::PACER_ALGORITHM, value_enum,
-          default_value_t = crate::controller::Algorithm::Adspend)]
-    pub algorithm: crate::controller::Algorithm,
+          default_value_t = crate::pacing::controller::Algorithm::Adspend)]
+    pub(crate) algorithm: crate::pacing::controller::Algorithm,
     /// How long after a spend lease expires its unreported spend may still
     /// arrive: the lease holds its limits until the pipeline has caught up
     /// this far past its expiry (CONTRACT.md "Spend leases"). Spend
     /// reported later than that can take a limit over its budget.
     #[arg(long, env = env::PACER_LEASE_GRACE_MS, default_value_t = 60_000,
           value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
-    pub lease_grace_ms: u64,
+    pub(crate) lease_grace_ms: u64,
 }
 
 /// A setting whose value must never be printed: `Debug` shows its length.
 #[derive(Clone, Default)]
-pub struct Secret(pub String);
+pub(crate) struct Secret(pub String);
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -155,23 +155,23 @@ impl std::str::FromStr for Secret {
 /// that needs parsing parsed, once.
 #[derive(Debug, Clone)]
 pub struct Validated {
-    pub config: Config,
-    pub settings: Settings,
-    pub catalog: CatalogSource,
+    pub(crate) config: Config,
+    pub(crate) settings: Settings,
+    pub(crate) catalog: CatalogSource,
 }
 
 /// The settings that needed parsing.
 #[derive(Debug, Clone)]
-pub struct Settings {
-    pub api_addr: SocketAddr,
-    pub metrics_addr: SocketAddr,
-    pub ops_addr: Option<SocketAddr>,
+pub(crate) struct Settings {
+    pub(crate) api_addr: SocketAddr,
+    pub(crate) metrics_addr: SocketAddr,
+    pub(crate) ops_addr: Option<SocketAddr>,
     /// HTTPS on the API port; None: plain HTTP.
-    pub tls: Option<crate::serve::tls::Https>,
-    pub auth: Auth,
-    pub http: HttpLimits,
-    pub max_decision_ids: usize,
-    pub alerts: crate::alerts::Settings,
+    pub(crate) tls: Option<crate::http::serve::tls::Https>,
+    pub(crate) auth: Auth,
+    pub(crate) http: HttpLimits,
+    pub(crate) max_decision_ids: usize,
+    pub(crate) alerts: crate::alerts::Settings,
 }
 
 /// Shortest webhook secret accepted, bytes.
@@ -227,7 +227,7 @@ impl Config {
         })
     }
 
-    fn tls(&self) -> Result<Option<crate::serve::tls::Https>, Error> {
+    fn tls(&self) -> Result<Option<crate::http::serve::tls::Https>, Error> {
         let (cert, key) = (self.tls_cert.trim(), self.tls_key.trim());
         let missing = |name: &'static str, other: &str| Error::Config {
             name,
@@ -238,7 +238,7 @@ impl Config {
             (true, true) => Ok(None),
             (false, true) => Err(missing(env::PACER_TLS_KEY, env::PACER_TLS_CERT)),
             (true, false) => Err(missing(env::PACER_TLS_CERT, env::PACER_TLS_KEY)),
-            (false, false) => crate::serve::tls::load(
+            (false, false) => crate::http::serve::tls::load(
                 (env::PACER_TLS_CERT, std::path::Path::new(cert)),
                 (env::PACER_TLS_KEY, std::path::Path::new(key)),
             )
@@ -304,8 +304,8 @@ mod tests {
         let settings = parse(&[]).validate().unwrap().settings;
         assert_eq!(settings.ops_addr, None);
         assert!(settings.tls.is_none());
-        assert!(!settings.auth.required(crate::auth::Scope::Read));
-        assert!(!settings.auth.required(crate::auth::Scope::Decide));
+        assert!(!settings.auth.required(crate::http::auth::Scope::Read));
+        assert!(!settings.auth.required(crate::http::auth::Scope::Decide));
         assert_eq!(settings.http.request_timeout, Duration::from_secs(10));
         assert_eq!(settings.http.idle_timeout, Duration::from_secs(60));
         assert_eq!(settings.http.max_connections, 1024);

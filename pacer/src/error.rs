@@ -16,14 +16,3 @@ pub enum Error {
     #[error("HTTP server: {0}")]
     Serve(#[source] std::io::Error),
 }
-
-impl Error {
-    /// Whether the same step may succeed later by itself (NATS or etcd away).
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            Error::Common(e) => e.is_retryable(),
-            Error::Subscribe { .. } => true,
-            Error::Serve(_) => false,
-        }
-    }
-}

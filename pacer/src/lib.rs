@@ -1,35 +1,25 @@
 //! The pacer: aggregator pushes → budget state → answers for bidders.
 //!
-//! [`ingest`] subscribes to the sums pushes and folds them into
-//! [`state::SpendState`] (never backwards, fenced owners dropped, silent
-//! shards marked stale); [`api`] joins that state with the catalog's budgets
-//! through [`pacing`] to answer `/v1/limits` and `/v1/decisions` (a batch
-//! bounded and decided a chunk at a time, `decisions`), and serves the
-//! dashboard, behind the optional bearer tokens of [`auth`], with JSON
-//! errors ([`reply`]), on listeners that [`serve`] guards against slow
-//! clients and greedy addresses. [`sources`] keeps the limiters' per-source
-//! reports for `/v1/sources`. [`alerts`] announces budget alerts from the
-//! held spend, follows them for `/v1/alerts` and delivers them to the
-//! optional webhook.
+//! [`input`] hears the NATS side: the sums pushes, folded into
+//! [`pacing::SpendState`] (never backwards, fenced owners dropped, silent
+//! shards marked stale), and the limiters' per-source reports. [`pacing`]
+//! holds that state with each limit's controller and the traffic shape, and
+//! turns it and the catalog's budgets into verdicts and decisions; the
+//! ticker here advances it every second. [`http`] answers `/v1/limits`,
+//! `/v1/decisions`, `/v1/leases`, `/v1/sources` and `/v1/alerts` and serves
+//! the dashboard, behind optional bearer tokens, with JSON errors, on
+//! listeners guarded against slow clients and greedy addresses.
+//! [`leases`] grants spend leases through the ledger all pacers share.
+//! [`alerts`] announces budget alerts from the held spend, follows them for
+//! `/v1/alerts` and delivers them to the optional webhook.
 
 pub mod alerts;
-pub mod api;
-mod app;
-pub mod auth;
-pub mod config;
-pub mod controller;
-mod decisions;
-pub mod error;
-pub mod ingest;
-pub mod leases;
-mod openapi;
+mod config;
+mod error;
+pub mod http;
+mod input;
+mod leases;
 pub mod pacing;
-pub mod reply;
-pub mod serve;
-pub mod served;
-pub mod shape;
-pub mod sources;
-pub mod state;
 pub(crate) mod telemetry;
 
 use std::net::SocketAddr;
@@ -109,19 +99,21 @@ pub async fn run(
     let addr = listeners.api.local_addr().unwrap_or(settings.api_addr);
     let catalog = source.clone().watch(shutdown.clone(), &tasks).await?;
     let client = nats::connect(&config.nats, "adspend-pacer").await?;
-    let pushes = ingest::subscribe(&client).await?;
-    let source_reports = sources::subscribe(&client).await?;
-    let reports = Arc::new(std::sync::Mutex::new(sources::SourceReports::default()));
-    tasks.spawn(sources::run(
+    let pushes = input::ingest::subscribe(&client).await?;
+    let source_reports = input::sources::subscribe(&client).await?;
+    let reports = Arc::new(std::sync::Mutex::new(
+        input::sources::SourceReports::default(),
+    ));
+    tasks.spawn(input::sources::run(
         source_reports,
         reports.clone(),
         shutdown.clone(),
     ));
-    let spend = Arc::new(RwLock::new(state::SpendState {
+    let spend = Arc::new(RwLock::new(pacing::SpendState {
         stale_after_ms: config.stale_after_ms as i64,
         listening_since_ms: Some(adspend_common::now_ms()),
         algorithm: config.algorithm,
-        ..state::SpendState::default()
+        ..pacing::SpendState::default()
     }));
     let leases = leases::start(
         client.clone(),
@@ -133,7 +125,7 @@ pub async fn run(
         shutdown.clone(),
     )
     .await;
-    tasks.spawn(ingest::run(
+    tasks.spawn(input::ingest::run(
         client.clone(),
         pushes,
         spend.clone(),
@@ -171,8 +163,8 @@ pub async fn run(
         https = ?settings.tls.as_ref().map(|https| &https.cert),
         ops_addr = ?listeners.ops.as_ref().and_then(|l| l.local_addr().ok()),
         catalog = source.describe(),
-        read = scope(auth::Scope::Read),
-        decide = scope(auth::Scope::Decide),
+        read = scope(http::auth::Scope::Read),
+        decide = scope(http::auth::Scope::Decide),
         max_connections = settings.http.max_connections,
         max_connections_per_addr = settings.http.max_connections_per_addr,
         max_decision_ids = settings.max_decision_ids,
@@ -182,14 +174,14 @@ pub async fn run(
     if let Some(listener) = listeners.ops {
         let shutdown = shutdown.clone();
         tasks.spawn(async move {
-            let served = serve::serve(listener, api::ops_router(), settings.http, None, shutdown);
+            let served = http::serve(listener, http::ops_router(), settings.http, None, shutdown);
             if let Err(e) = served.await {
                 tracing::warn!(error = %e, "operations listener failed");
             }
         });
     }
-    let app = api::router(
-        api::AppState {
+    let app = http::router(
+        http::AppState {
             catalog,
             spend,
             sources: reports,
@@ -200,7 +192,7 @@ pub async fn run(
         settings.auth.clone(),
     );
     let tls = settings.tls.as_ref().map(|https| https.acceptor.clone());
-    let result = serve::serve(listeners.api, app, settings.http, tls, shutdown.clone())
+    let result = http::serve(listeners.api, app, settings.http, tls, shutdown.clone())
         .await
         .map_err(Error::Serve);
     // The ingest, the ticker and the operations listener stop with the API.
@@ -215,13 +207,13 @@ const HISTORY_EVERY: u64 = 10;
 
 /// Advance the controllers every second; decay the traffic shape hourly.
 async fn ticker(
-    spend: Arc<RwLock<state::SpendState>>,
-    reports: Arc<std::sync::Mutex<sources::SourceReports>>,
+    spend: Arc<RwLock<pacing::SpendState>>,
+    reports: Arc<std::sync::Mutex<input::sources::SourceReports>>,
     catalog: tokio::sync::watch::Receiver<Arc<adspend_wire::catalog::Catalog>>,
     leases: leases::Leases,
     shutdown: CancellationToken,
 ) {
-    let gains = controller::Gains::default();
+    let gains = pacing::controller::Gains::default();
     let mut interval = tokio::time::interval(TICK);
     let mut ticks: u64 = 0;
     loop {

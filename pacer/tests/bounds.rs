@@ -8,9 +8,7 @@ mod support;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use adspend_pacer::api::MAX_PAGE;
-use adspend_pacer::auth::Auth;
-use adspend_pacer::serve::HttpLimits;
+use adspend_pacer::http::{Auth, HttpLimits, MAX_PAGE};
 use adspend_wire::catalog::{MAX_LIMITS_ABOVE_AD, MAX_PARENT_DEPTH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -126,7 +124,7 @@ async fn a_decisions_batch_past_the_id_cap_is_413_naming_the_setting() {
     // The batch: about 2 MB of empty ids (just under the body
     // limit), which used to be decided one by one into a 47.5 MB answer.
     let flood = batch("", 650_000);
-    assert!(flood.len() < adspend_pacer::api::MAX_BODY_BYTES);
+    assert!(flood.len() < adspend_pacer::http::MAX_BODY_BYTES);
     request(a, "POST", "/v1/decisions", &[JSON], &flood)
         .await
         .assert_json_error(413);
@@ -195,7 +193,7 @@ async fn the_request_timeout_ends_a_decisions_batch_that_runs_long() {
     let catalog = widest_catalog();
     let pacer = start_with(Auth::default(), limits, catalog.as_bytes(), MAX_IDS).await;
     let body = batch("wide", MAX_IDS);
-    assert!(body.len() < adspend_pacer::api::MAX_BODY_BYTES);
+    assert!(body.len() < adspend_pacer::http::MAX_BODY_BYTES);
     let reply = request(pacer.addr, "POST", "/v1/decisions", &[JSON], &body).await;
     reply.assert_json_error(408);
     assert_eq!(reply.header("connection"), Some("close"));

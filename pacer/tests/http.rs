@@ -7,9 +7,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use adspend_pacer::api::{self, MAX_BODY_BYTES};
-use adspend_pacer::auth::Auth;
-use adspend_pacer::serve::{serve, HttpLimits};
+use adspend_pacer::http::{self, serve, Auth, HttpLimits, MAX_BODY_BYTES};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -171,7 +169,7 @@ async fn the_ops_router_serves_health_and_metrics_only() {
     let shutdown = CancellationToken::new();
     tokio::spawn(serve(
         listener,
-        api::ops_router(),
+        http::ops_router(),
         LIMITS,
         None,
         shutdown.clone(),

@@ -4,7 +4,7 @@
 //! as documented), on a pacer with spend in it, open and with tokens (no
 //! token, the read token, the decide token). Loaded from the live
 //! document, schemathesis leaves out the operation that serves it (10 of
-//! 11); `pacer/src/openapi.rs` tests that one.
+//! 11); `pacer/src/http/openapi.rs` tests that one.
 
 use std::path::PathBuf;
 use std::process::Command;

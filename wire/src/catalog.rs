@@ -322,7 +322,8 @@ impl Catalog {
 
     /// A limit's ancestors, its parent first; empty for a root or an
     /// unknown id.
-    pub fn ancestors(&self, limit_id: &str) -> &[Arc<Limit>] {
+    #[cfg(test)]
+    pub(crate) fn ancestors(&self, limit_id: &str) -> &[Arc<Limit>] {
         self.ancestors.get(limit_id).map_or(&[], |a| &a[..])
     }
 
@@ -425,7 +426,7 @@ fn too_deep(limits: &HashMap<Arc<str>, Arc<Limit>>, id: &Arc<str>) -> String {
     )
 }
 
-pub mod alerts;
+mod alerts;
 
 #[cfg(test)]
 mod tests;

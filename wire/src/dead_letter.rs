@@ -14,7 +14,7 @@ use serde::Serialize;
 /// The longest piece of a rejected line a dead letter carries, in bytes.
 pub const LINE_BYTES: usize = 4096;
 /// The longest reason detail a dead letter carries, in bytes.
-pub const DETAIL_BYTES: usize = 512;
+pub(crate) const DETAIL_BYTES: usize = 512;
 /// Dead letters of one input message, one per rejected line; the lines past
 /// these are summed up in one more letter (reason `rejected_lines_summary`).
 pub const PER_MESSAGE: u32 = 100;
@@ -28,13 +28,13 @@ pub struct DeadLetter {
     /// The rejected line, lossily decoded as UTF-8, cut to [`LINE_BYTES`].
     pub line: String,
     /// The whole line's length in bytes.
-    pub line_bytes: usize,
+    pub(crate) line_bytes: usize,
     /// The whole line's xxh3-64, hex.
-    pub line_xxh3: String,
+    pub(crate) line_xxh3: String,
     /// `line` is only the line's beginning.
-    pub truncated: bool,
+    pub(crate) truncated: bool,
     /// Position in `IMPRESSIONS`: stream sequence and line number (from 0).
-    pub stream_seq: u64,
+    pub(crate) stream_seq: u64,
     pub line_no: u32,
 }
 
@@ -61,7 +61,7 @@ impl DeadLetter {
 
     /// The letter for the rejected lines of message `stream_seq` past the
     /// first [`PER_MESSAGE`]: how many, from which line on, and why.
-    pub fn summary(
+    pub(crate) fn summary(
         stream_seq: u64,
         first_line_no: u32,
         lines: u64,

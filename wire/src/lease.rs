@@ -25,7 +25,7 @@ pub const LEASE_KEY_PREFIX: &str = "~lease/";
 pub const LEASE_RETENTION_MS: u64 = 3_600_000;
 
 /// Longest lease id: its key must fit a limit id's 64 bytes.
-pub const MAX_LEASE_ID_LEN: usize = crate::types::MAX_ID_LEN - LEASE_KEY_PREFIX.len();
+pub(crate) const MAX_LEASE_ID_LEN: usize = crate::types::MAX_ID_LEN - LEASE_KEY_PREFIX.len();
 
 /// The parts of a lease id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

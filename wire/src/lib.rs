@@ -20,7 +20,7 @@
 pub mod catalog;
 pub mod codec;
 pub mod dead_letter;
-pub mod error;
+mod error;
 pub mod impression;
 pub mod lease;
 pub mod source_report;

@@ -70,7 +70,7 @@ pub struct SourceReport {
 }
 
 /// Largest report accepted: far above a thousand sources.
-pub const MAX_REPORT_BYTES: usize = 512 * 1024;
+pub(crate) const MAX_REPORT_BYTES: usize = 512 * 1024;
 
 impl SourcesReport {
     pub fn encode(&self) -> Vec<u8> {

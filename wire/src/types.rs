@@ -153,11 +153,6 @@ impl SumsUpdate {
     }
 }
 
-/// Checked addition of money; `None` on overflow.
-pub fn add_micros(a: Micros, b: Micros) -> Option<Micros> {
-    a.checked_add(b)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

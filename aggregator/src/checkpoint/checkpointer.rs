@@ -61,7 +61,7 @@ impl Checkpointer {
     /// Serve checkpoint requests until `cancel` (or the writer is gone);
     /// gives itself back so that a handover can take a last checkpoint after
     /// the writer's final commit.
-    pub async fn run(
+    pub(crate) async fn run(
         mut self,
         mut requests: watch::Receiver<CheckpointRequest>,
         cancel: CancellationToken,

@@ -43,7 +43,7 @@ use crate::store::{parse_lifetime, parse_sum_key, Store};
 
 const MAGIC: &[u8; 8] = b"ADSPDLTA";
 /// The format written; [`Delta::decode`] reads this one and every earlier.
-pub const FORMAT_VERSION: u32 = 2;
+pub(crate) const FORMAT_VERSION: u32 = 2;
 
 /// The changes of one limit: its lifetime sum and period buckets, as stored.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -66,9 +66,9 @@ impl LimitChange {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Changes {
     /// The last applied sequence when accumulation started.
-    pub from_seq: u64,
+    pub(crate) from_seq: u64,
     /// The last applied sequence of the newest commit absorbed.
-    pub to_seq: u64,
+    pub(crate) to_seq: u64,
     limits: FxHashMap<String, LimitChange>,
     /// Each commit's new ids, as the writer handed them over: encoding
     /// refers to these bytes rather than copying them (a delta at 200,000
@@ -84,7 +84,7 @@ pub struct Changes {
 
 impl Changes {
     /// Nothing changed yet over a store at `seq`.
-    pub fn at(seq: u64) -> Self {
+    pub(crate) fn at(seq: u64) -> Self {
         Changes {
             from_seq: seq,
             to_seq: seq,
@@ -94,7 +94,7 @@ impl Changes {
 
     /// Record one commit: the sums it changed (new values), the dedupe log
     /// entry it added, the entries it evicted, and its last applied sequence.
-    pub fn absorb(
+    pub(crate) fn absorb(
         &mut self,
         changed: &[SumEntry],
         log_added: Option<([u8; 16], &[u8])>,
@@ -132,7 +132,7 @@ impl Changes {
     /// the key of the oldest entry left. Applied over the record's state it
     /// gives the store's state exactly. Costs one pass over the sums and the
     /// log's keys, less than the writer's own load of the log at start.
-    pub fn since(store: &Store, record_seq: u64) -> Result<Changes, Error> {
+    pub(crate) fn since(store: &Store, record_seq: u64) -> Result<Changes, Error> {
         let txn = store.read_txn()?;
         let mut changes = Changes::at(record_seq);
         changes.to_seq = store.last_applied_seq(&txn)?;
@@ -194,7 +194,7 @@ impl Changes {
     /// anything now held): the result covers both, from `older`'s first
     /// sequence, with the newer value wherever both changed something, so
     /// the next delta still extends the chain the failed one was to extend.
-    pub fn put_back(&mut self, older: Changes) {
+    pub(crate) fn put_back(&mut self, older: Changes) {
         for (limit, old) in older.limits {
             let change = self.limits.entry(limit).or_default();
             if change.lifetime.is_none() {
@@ -226,13 +226,13 @@ impl Changes {
     }
 
     /// Take what accumulated; accumulation starts again from `to_seq`.
-    pub fn take(&mut self) -> Changes {
+    pub(crate) fn take(&mut self) -> Changes {
         let next = Changes::at(self.to_seq);
         std::mem::replace(self, next)
     }
 
     /// Changed sums (a limit's lifetime and each bucket count one each).
-    pub fn sums(&self) -> usize {
+    pub(crate) fn sums(&self) -> usize {
         self.limits
             .values()
             .map(|l| usize::from(l.lifetime.is_some()) + l.buckets.len())
@@ -240,12 +240,13 @@ impl Changes {
     }
 
     /// Dedupe ids added.
-    pub fn ids_added(&self) -> usize {
+    pub(crate) fn ids_added(&self) -> usize {
         self.log_added.values().map(|ids| ids.len() / 16).sum()
     }
 
     /// Encode as format 2, in key order, into `out`.
-    pub fn encode(&self, lineage: &str, out: &mut impl Write) -> std::io::Result<()> {
+    #[cfg(test)]
+    pub(crate) fn encode(&self, lineage: &str, out: &mut impl Write) -> std::io::Result<()> {
         for piece in self.encode_pieces(lineage)? {
             out.write_all(&piece)?;
         }
@@ -256,7 +257,7 @@ impl Changes {
     /// the bytes [`Changes::absorb`] kept, not copies, so a delta costs no
     /// second buffer of its size (a first touch of fresh memory, which on
     /// this kind of machine cost more than the copy itself).
-    pub fn encode_pieces(&self, lineage: &str) -> std::io::Result<Vec<Bytes>> {
+    pub(crate) fn encode_pieces(&self, lineage: &str) -> std::io::Result<Vec<Bytes>> {
         let mut pieces = Vec::with_capacity(2 * self.log_added.len() + 2);
         let mut out = Vec::with_capacity(self.head_len_hint());
         out.write_all(MAGIC)?;
@@ -326,7 +327,7 @@ impl Changes {
 
 mod decode;
 
-pub use decode::Delta;
+pub(crate) use decode::Delta;
 
 #[cfg(test)]
 mod tests;

@@ -40,16 +40,16 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// What `SPEND` holds, as far as a rebuild is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StreamState {
-    pub first_seq: u64,
-    pub last_seq: u64,
-    pub messages: u64,
-    pub created_ms: i64,
+pub(crate) struct StreamState {
+    pub(crate) first_seq: u64,
+    pub(crate) last_seq: u64,
+    pub(crate) messages: u64,
+    pub(crate) created_ms: i64,
 }
 
 /// How a shard whose recorded snapshot is gone goes on.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WayOut {
+pub(crate) enum WayOut {
     /// Rebuild from empty, replaying the whole stream: exact.
     Replay,
     /// Rebuild from empty at the stream's first sequence (last applied
@@ -62,7 +62,7 @@ pub enum WayOut {
 /// Why `stream` does not hold the whole history `record` was made from, or
 /// `None` if it does: every message from sequence 1 still there, through the
 /// record's sequence at least, in a stream created before the record.
-pub fn missing_history(stream: &StreamState, record: &CheckpointRecord) -> Option<String> {
+pub(crate) fn missing_history(stream: &StreamState, record: &CheckpointRecord) -> Option<String> {
     if stream.first_seq > 1 {
         return Some(format!(
             "SPEND starts at sequence {}: sequences 1..={} are gone from it",
@@ -94,7 +94,7 @@ pub fn missing_history(stream: &StreamState, record: &CheckpointRecord) -> Optio
 }
 
 /// The way out for `shard`, whose recorded snapshot is gone.
-pub fn way_out(
+pub(crate) fn way_out(
     shard: &str,
     record: &CheckpointRecord,
     stream: &StreamState,
@@ -126,26 +126,26 @@ async fn stream_state(stream: &mut Stream) -> Result<StreamState, Error> {
 }
 
 /// Where a shard's state lives and how it is restored.
-pub struct Local<'a> {
-    pub shard: &'a str,
-    pub lmdb_dir: &'a Path,
-    pub tmp_dir: &'a Path,
-    pub map_size: usize,
-    pub accept_loss: &'a AcceptLoss,
+pub(crate) struct Local<'a> {
+    pub(crate) shard: &'a str,
+    pub(crate) lmdb_dir: &'a Path,
+    pub(crate) tmp_dir: &'a Path,
+    pub(crate) map_size: usize,
+    pub(crate) accept_loss: &'a AcceptLoss,
 }
 
 /// A shard's store, opened.
-pub struct Opened {
-    pub store: Store,
-    pub lineage: String,
-    pub start: Start,
+pub(crate) struct Opened {
+    pub(crate) store: Store,
+    pub(crate) lineage: String,
+    pub(crate) start: Start,
     /// The record read for it.
-    pub record: Option<CheckpointRecord>,
+    pub(crate) record: Option<CheckpointRecord>,
 }
 
 /// [`restore::open_or_restore`], with the ways out of a recorded snapshot
 /// that is gone. `None` when `stop` came first (the shard never opened).
-pub async fn open(
+pub(crate) async fn open(
     local: &Local<'_>,
     records: &mut CheckpointStore,
     snapshots: &SnapshotStore,

@@ -209,7 +209,8 @@ impl CheckpointStore {
     }
 
     /// The shard's current owner epoch (0 if none was ever acquired).
-    pub async fn current_epoch(&mut self) -> Result<u64> {
+    #[cfg(test)]
+    pub(crate) async fn current_epoch(&mut self) -> Result<u64> {
         match self {
             CheckpointStore::Etcd {
                 client, epoch_key, ..

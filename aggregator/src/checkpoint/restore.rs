@@ -26,7 +26,7 @@ pub enum Start {
 }
 
 impl Start {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Start::Fresh => "fresh",
             Start::Warm => "warm",
@@ -59,7 +59,7 @@ fn fresh(store: Store) -> Result<(Store, String, Start), Error> {
 /// new lineage whose last applied sequence is `start_after` (0: the whole
 /// stream is replayed). For a recorded snapshot that is gone
 /// ([`crate::checkpoint::missing`]).
-pub fn rebuild(
+pub(crate) fn rebuild(
     lmdb_dir: &Path,
     map_size: usize,
     start_after: u64,

@@ -13,7 +13,7 @@ use xxhash_rust::xxh3::xxh3_64;
 /// `None` for every partition when there are no members. `members` must be
 /// sorted and free of duplicates (the order of the input does not change
 /// the answer's owners, only their indexes).
-pub fn assign(partitions: u32, members: &[String]) -> Vec<Option<usize>> {
+pub(crate) fn assign(partitions: u32, members: &[String]) -> Vec<Option<usize>> {
     let n = members.len();
     if n == 0 {
         return vec![None; partitions as usize];
@@ -50,7 +50,7 @@ pub fn assign(partitions: u32, members: &[String]) -> Vec<Option<usize>> {
 }
 
 /// The partitions `member` owns under `assign`.
-pub fn owned_by(partitions: u32, members: &[String], member: &str) -> Vec<u32> {
+pub(crate) fn owned_by(partitions: u32, members: &[String], member: &str) -> Vec<u32> {
     let Some(me) = members.iter().position(|m| m == member) else {
         return Vec::new();
     };

@@ -25,25 +25,25 @@ use crate::fence::Validity;
 use crate::telemetry::LEASE_PAUSES_TOTAL;
 
 #[derive(Debug, Clone)]
-pub struct Lease {
-    pub id: i64,
-    pub ttl: Duration,
-    pub validity: Arc<Validity>,
+pub(crate) struct Lease {
+    pub(crate) id: i64,
+    pub(crate) ttl: Duration,
+    pub(crate) validity: Arc<Validity>,
 }
 
 /// Why [`keep_alive`] returned.
 #[derive(Debug, PartialEq, Eq)]
-pub enum End {
+pub(crate) enum End {
     Cancelled,
     Lost(String),
 }
 
 /// etcd's TTL for a setting: whole seconds, rounded up.
-pub fn ttl_seconds(ttl: Duration) -> i64 {
+pub(crate) fn ttl_seconds(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_millis().div_ceil(1000)).unwrap_or(i64::MAX)
 }
 
-pub async fn grant(client: &mut Client, ttl: Duration) -> Result<Lease, Error> {
+pub(crate) async fn grant(client: &mut Client, ttl: Duration) -> Result<Lease, Error> {
     let sent = Instant::now();
     let granted = client
         .lease_grant(ttl_seconds(ttl), None)
@@ -62,7 +62,11 @@ pub async fn grant(client: &mut Client, ttl: Duration) -> Result<Lease, Error> {
 /// Keep `lease` alive until `cancel`, or until it is lost: etcd says it
 /// expired, or no keepalive was answered before the deadline. On loss the
 /// deadline is revoked before this returns.
-pub async fn keep_alive(mut client: Client, lease: &Lease, cancel: CancellationToken) -> End {
+pub(crate) async fn keep_alive(
+    mut client: Client,
+    lease: &Lease,
+    cancel: CancellationToken,
+) -> End {
     let interval = (lease.ttl / 3).max(Duration::from_millis(300));
     let mut channel = None;
     let mut ticker = tokio::time::interval(interval);

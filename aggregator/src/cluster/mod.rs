@@ -23,8 +23,8 @@
 //! [`run`] joins and rejoins; `member` is one membership (lease, member key,
 //! watches, leaving); `reconcile` is the step that moves partitions.
 
-pub mod assignment;
-pub mod lease;
+pub(crate) mod assignment;
+pub(crate) mod lease;
 mod member;
 mod reconcile;
 
@@ -42,10 +42,10 @@ use crate::error::Error;
 use crate::telemetry::AGGREGATOR_LEASES_LOST_TOTAL;
 use member::{Member, Served};
 
-pub const MEMBERS_PREFIX: &str = "/adspend/members/";
-pub const PARTITIONS_PREFIX: &str = "/adspend/partitions/";
+pub(crate) const MEMBERS_PREFIX: &str = "/adspend/members/";
+pub(crate) const PARTITIONS_PREFIX: &str = "/adspend/partitions/";
 /// The partition count every member must agree on.
-pub const PARTITION_COUNT_KEY: &str = "/adspend/config/partitions";
+pub(crate) const PARTITION_COUNT_KEY: &str = "/adspend/config/partitions";
 /// Reconcile at least this often; etcd watches wake it sooner.
 pub(super) const RECONCILE_EVERY: Duration = Duration::from_millis(500);
 pub(super) const REJOIN_BACKOFF: Duration = Duration::from_secs(1);
@@ -54,11 +54,11 @@ const START_RETRY: Duration = Duration::from_secs(30);
 /// A partition that stopped on a passing failure is claimed again after this.
 pub(super) const PARTITION_RETRY: Duration = Duration::from_secs(2);
 
-pub fn member_key(id: &str) -> String {
+pub(crate) fn member_key(id: &str) -> String {
     format!("{MEMBERS_PREFIX}{id}")
 }
 
-pub fn owner_key(partition: u32) -> String {
+pub(crate) fn owner_key(partition: u32) -> String {
     format!("{PARTITIONS_PREFIX}{partition}/owner")
 }
 
@@ -83,7 +83,7 @@ pub(super) struct Context {
 }
 
 /// Join, serve, and rejoin after a lost lease, until `shutdown`.
-pub async fn run(
+pub(crate) async fn run(
     config: &Config,
     id: String,
     snapshots: SnapshotStore,

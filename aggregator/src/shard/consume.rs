@@ -33,7 +33,7 @@ const BACKWARDS_CONFIRM: Duration = Duration::from_secs(5);
 
 /// Refuse to go on where replay would silently skip or double count.
 /// Returns the stream's last sequence.
-pub async fn check_bounds(stream: &mut Stream, last_applied: u64) -> Result<u64, Error> {
+pub(crate) async fn check_bounds(stream: &mut Stream, last_applied: u64) -> Result<u64, Error> {
     let (mut first_seq, mut last_seq) = bounds(stream).await?;
     // A JetStream cluster's stream leader that was just elected can answer
     // from a store still applying entries it has committed: a view below
@@ -88,21 +88,21 @@ async fn bounds(stream: &mut Stream) -> Result<(u64, u64), Error> {
     Ok((info.state.first_sequence, info.state.last_sequence))
 }
 
-pub struct Consumer {
-    pub stream: Stream,
+pub(crate) struct Consumer {
+    pub(crate) stream: Stream,
     /// Where undecodable messages are set aside (`DEADLETTER`).
-    pub deadletters: async_nats::jetstream::Context,
-    pub owned: Option<Vec<u32>>,
-    pub next_seq: u64,
-    pub tx: mpsc::Sender<Incoming>,
+    pub(crate) deadletters: async_nats::jetstream::Context,
+    pub(crate) owned: Option<Vec<u32>>,
+    pub(crate) next_seq: u64,
+    pub(crate) tx: mpsc::Sender<Incoming>,
     /// Told when the consumer is idle and caught up, so that the pushes'
     /// watermark moves while no spend arrives ([`Dirty::caught_up`]).
-    pub dirty: Arc<Dirty>,
+    pub(crate) dirty: Arc<Dirty>,
     /// Messages the stream had behind the last one received (`u64::MAX`:
     /// not known).
-    pub last_pending: u64,
+    pub(crate) last_pending: u64,
     /// The last sequence handed to the writer.
-    pub last_sent_seq: u64,
+    pub(crate) last_sent_seq: u64,
 }
 
 impl Consumer {
@@ -122,7 +122,7 @@ impl Consumer {
         config
     }
 
-    pub async fn run(mut self, cancel: CancellationToken) -> Result<(), Error> {
+    pub(crate) async fn run(mut self, cancel: CancellationToken) -> Result<(), Error> {
         let mut first = true;
         loop {
             // On every (re)creation: a stream that lost messages we still

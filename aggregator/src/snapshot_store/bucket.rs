@@ -34,7 +34,7 @@ impl std::fmt::Debug for S3Bucket {
 
 /// What [`S3Bucket::create`] did.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Created {
+pub(crate) enum Created {
     /// The bucket was created (or was there already).
     Yes,
     /// Another attempt was made moments ago.

@@ -14,27 +14,27 @@ const ENTRIES_PER_PARTITION: usize = 65_536;
 
 /// The smallest the window gets when it follows the delay: a backlog still
 /// moves while the aggregators are slow.
-pub const MIN_WINDOW: u64 = 4_096;
+pub(crate) const MIN_WINDOW: u64 = 4_096;
 
 /// Where the window starts when a backlog appears after none: a few
 /// milliseconds of an aggregator's apply (1.5-3.6 million tuples/s on the
 /// machines measured), not wherever it drifted while nothing competed; it
 /// grows from there while the others' spend stays fresh.
-pub const ONSET_WINDOW: u64 = 16_384;
+pub(super) const ONSET_WINDOW: u64 = 16_384;
 
 /// A backlog this soon after the last round that had one continues it
 /// (unix ms): a source hovering about the lag threshold does not restart
 /// the window at every crossing.
-pub const ONSET_AFTER_MS: i64 = 1_000;
+pub(super) const ONSET_AFTER_MS: i64 = 1_000;
 
 /// The window: its bound, and when it follows the delay, its size now.
 #[derive(Debug, Clone, Copy)]
 pub struct Window {
     /// The most tuples the backlogs may have unapplied; 0 turns it off.
-    pub bound: u64,
+    pub(crate) bound: u64,
     /// The delay the window keeps the oldest unapplied tuple under; `None`
     /// keeps the window at the bound.
-    pub target: Option<Duration>,
+    pub(crate) target: Option<Duration>,
 }
 
 impl Window {
@@ -47,7 +47,7 @@ impl Window {
 
 /// Per-partition accounting; pure, so it is tested without NATS.
 #[derive(Debug)]
-pub struct Backlog {
+pub(crate) struct Backlog {
     /// Per partition, published and not yet applied, in sequence order.
     published: Vec<VecDeque<Entry>>,
     /// Per partition: the highest applied sequence reported.
@@ -80,7 +80,7 @@ struct Entry {
 }
 
 impl Backlog {
-    pub fn new(partitions: u32, window: Window) -> Self {
+    pub(super) fn new(partitions: u32, window: Window) -> Self {
         Backlog {
             published: vec![VecDeque::new(); partitions as usize],
             applied: vec![0; partitions as usize],
@@ -101,7 +101,7 @@ impl Backlog {
     /// has a backlog, or the round has none of the others; `now` unix ms.
     /// A backlog after none for [`ONSET_AFTER_MS`] starts a window that
     /// follows the delay at [`ONSET_WINDOW`].
-    pub fn round(&mut self, backlog: bool, others_since: Option<i64>, now: i64) {
+    pub(super) fn round(&mut self, backlog: bool, others_since: Option<i64>, now: i64) {
         if backlog {
             let onset = self
                 .last_backlog
@@ -118,7 +118,7 @@ impl Backlog {
 
     /// A SPEND message of `partition` acknowledged at `seq` (at `now`, unix
     /// ms), with `tuples`.
-    pub fn published(&mut self, partition: u32, seq: u64, tuples: u64, now: i64) {
+    pub(super) fn published(&mut self, partition: u32, seq: u64, tuples: u64, now: i64) {
         let Some(queue) = self.published.get_mut(partition as usize) else {
             return;
         };
@@ -152,7 +152,7 @@ impl Backlog {
 
     /// A shard's report, received at `now` (unix ms): everything of its
     /// partitions up to `applied_seq` is applied.
-    pub fn progress(&mut self, progress: &Progress, now: i64) {
+    pub(super) fn progress(&mut self, progress: &Progress, now: i64) {
         self.heard = true;
         // The longest the others' spend applied now took.
         let mut took = None;
@@ -233,22 +233,22 @@ impl Backlog {
     }
 
     /// Tuples this limiter published that no report covers yet.
-    pub fn queued(&self) -> u64 {
+    pub(super) fn queued(&self) -> u64 {
         self.queued
     }
 
     /// The window's size now, in tuples.
-    pub fn limit(&self) -> u64 {
+    pub(super) fn limit(&self) -> u64 {
         self.limit
     }
 
     /// Whether any aggregator has reported.
-    pub fn heard(&self) -> bool {
+    pub(super) fn heard(&self) -> bool {
         self.heard
     }
 
     /// Tuples counted since the start.
-    pub fn total(&self) -> u64 {
+    pub(super) fn total(&self) -> u64 {
         self.total
     }
 }

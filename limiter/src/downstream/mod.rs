@@ -49,7 +49,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::error::Error;
 use crate::telemetry::{LIMITER_DOWNSTREAM_QUEUED_TUPLES, LIMITER_DOWNSTREAM_WINDOW_TUPLES};
-pub use backlog::{Backlog, Window, MIN_WINDOW};
+use backlog::Backlog;
+pub use backlog::Window;
 
 /// The backlog shared between the publish path, the reports' subscriber
 /// and the scheduler.
@@ -77,7 +78,7 @@ impl Downstream {
     }
 
     /// Follow the aggregators' reports until `cancel`, from a task on `tasks`.
-    pub async fn follow(
+    pub(crate) async fn follow(
         &self,
         client: &async_nats::Client,
         tasks: &TaskTracker,
@@ -120,12 +121,12 @@ impl Downstream {
     }
 
     /// A chunk of `bytes` of input was handed out to be mapped.
-    pub fn dispatched(&self, bytes: u64) {
+    pub(crate) fn dispatched(&self, bytes: u64) {
         self.in_flight_bytes.fetch_add(bytes, Ordering::AcqRel);
     }
 
     /// A chunk handed out is done with (published, given up, or failed).
-    pub fn completed(&self, bytes: u64) {
+    pub(crate) fn completed(&self, bytes: u64) {
         let _ = self
             .in_flight_bytes
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -134,11 +135,11 @@ impl Downstream {
     }
 
     /// Payload bytes handed out and not yet published.
-    pub fn in_flight_bytes(&self) -> u64 {
+    pub(crate) fn in_flight_bytes(&self) -> u64 {
         self.in_flight_bytes.load(Ordering::Acquire)
     }
 
-    pub fn published(&self, partition: u32, seq: u64, tuples: u64) {
+    pub(crate) fn published(&self, partition: u32, seq: u64, tuples: u64) {
         if self.bound == 0 {
             return;
         }
@@ -151,7 +152,7 @@ impl Downstream {
     /// What is left of the window, in tuples, and the tuples published
     /// since the start (for the scheduler's bytes per tuple); `None` when
     /// there is no window (turned off, or no aggregator has reported).
-    pub fn window(&self) -> Option<(u64, u64)> {
+    pub(crate) fn window(&self) -> Option<(u64, u64)> {
         let backlog = self.backlog.lock().expect("backlog lock");
         metrics::gauge!(LIMITER_DOWNSTREAM_QUEUED_TUPLES).set(backlog.queued() as f64);
         metrics::gauge!(LIMITER_DOWNSTREAM_WINDOW_TUPLES).set(backlog.limit() as f64);
@@ -164,7 +165,7 @@ impl Downstream {
     }
 
     /// A round begins; see [`Backlog::round`].
-    pub fn round(&self, backlog: bool, others_since: Option<i64>) {
+    pub(crate) fn round(&self, backlog: bool, others_since: Option<i64>) {
         if self.bound == 0 {
             return;
         }
@@ -175,7 +176,7 @@ impl Downstream {
     }
 
     /// Resolves at the next report.
-    pub async fn changed(&self) {
+    pub(crate) async fn changed(&self) {
         self.changed.notified().await;
     }
 }

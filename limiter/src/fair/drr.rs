@@ -33,21 +33,21 @@ use std::cmp::Reverse;
 use std::time::Duration;
 
 /// Usage above this multiple of the fair share marks an offender.
-pub const OFFENDER_FACTOR: f64 = 1.5;
+pub(super) const OFFENDER_FACTOR: f64 = 1.5;
 
 /// One lane as the scheduler sees it at the start of a round.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct LaneView {
+pub(super) struct LaneView {
     /// Units (payload bytes) waiting.
-    pub pending: u64,
+    pub(crate) pending: u64,
     /// Age of the oldest waiting message; zero when none waits.
-    pub lag: Duration,
+    pub(crate) lag: Duration,
     /// The source's share of the usage in the sliding window, in `0..=1`.
-    pub usage_share: f64,
+    pub(crate) usage_share: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Class {
+pub(super) enum Class {
     /// Waiting too long while using less than its fair share: served first.
     Victim,
     Fair,
@@ -58,26 +58,27 @@ pub enum Class {
 /// A round's decision: how many units to take from each lane, in the
 /// order to take them, and whether the fair order was enforced.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Plan {
+pub(super) struct Plan {
     /// `(lane index, units)`, lanes with nothing to give left out.
-    pub takes: Vec<(usize, u64)>,
-    pub intervening: bool,
-    pub classes: Vec<Class>,
+    pub(crate) takes: Vec<(usize, u64)>,
+    pub(crate) intervening: bool,
+    pub(crate) classes: Vec<Class>,
     /// The lanes with a backlog this round ([`backlogs`]), window or not.
-    pub backlogs: Vec<bool>,
+    pub(crate) backlogs: Vec<bool>,
     /// Backlogs under the downstream window this round; given at most
     /// their part of it, perhaps nothing.
-    pub held: Vec<bool>,
+    pub(crate) held: Vec<bool>,
     /// Whether the window was less than the backlogs could have taken.
-    pub limited: bool,
+    pub(crate) limited: bool,
 }
 
 impl Plan {
-    pub fn total(&self) -> u64 {
+    #[cfg(test)]
+    pub(super) fn total(&self) -> u64 {
         self.takes.iter().map(|(_, n)| n).sum()
     }
 
-    pub fn take_of(&self, lane: usize) -> u64 {
+    pub(super) fn take_of(&self, lane: usize) -> u64 {
         self.takes
             .iter()
             .filter(|(i, _)| *i == lane)
@@ -87,7 +88,7 @@ impl Plan {
 
     /// Lanes held back this round: given less than they had waiting,
     /// because of the downstream window or as offenders under intervention.
-    pub fn held_back(&self, lane: usize, view: &LaneView) -> bool {
+    pub(super) fn held_back(&self, lane: usize, view: &LaneView) -> bool {
         ((self.limited && self.held[lane])
             || (self.intervening && self.classes[lane] == Class::Offender))
             && self.take_of(lane) < view.pending
@@ -96,14 +97,14 @@ impl Plan {
 
 /// Sources competing for capacity: those with work waiting or with usage in
 /// the window.
-pub fn competing(lanes: &[LaneView]) -> usize {
+pub(super) fn competing(lanes: &[LaneView]) -> usize {
     lanes
         .iter()
         .filter(|l| l.pending > 0 || l.usage_share > 0.0)
         .count()
 }
 
-pub fn classify(lanes: &[LaneView], lag_threshold: Duration) -> Vec<Class> {
+pub(super) fn classify(lanes: &[LaneView], lag_threshold: Duration) -> Vec<Class> {
     let k = competing(lanes).max(1);
     let fair_share = 1.0 / k as f64;
     lanes
@@ -122,7 +123,7 @@ pub fn classify(lanes: &[LaneView], lag_threshold: Duration) -> Vec<Class> {
 
 /// Deficit counters, one per lane, carried from round to round.
 #[derive(Debug, Default, Clone)]
-pub struct Deficits(pub Vec<u64>);
+pub(super) struct Deficits(pub Vec<u64>);
 
 /// Lanes the downstream window applies to: with two or more sources
 /// competing, those with more than their quantum of a round
@@ -130,7 +131,7 @@ pub struct Deficits(pub Vec<u64>);
 /// threshold. A single source is never limited, nor a heavy one the
 /// pipeline keeps up with: holding it back would only turn its steady
 /// stream into bursts the others then wait behind.
-pub fn backlogs(lanes: &[LaneView], capacity: u64, lag_threshold: Duration) -> Vec<bool> {
+pub(super) fn backlogs(lanes: &[LaneView], capacity: u64, lag_threshold: Duration) -> Vec<bool> {
     let k = competing(lanes) as u64;
     let quantum = capacity / k.max(1);
     lanes
@@ -143,7 +144,7 @@ pub fn backlogs(lanes: &[LaneView], capacity: u64, lag_threshold: Duration) -> V
 /// together this round, what is left of the downstream window (`None`: no
 /// window, the aggregators have not reported or it is turned off).
 /// `deficits` is resized to the lanes and updated.
-pub fn plan(
+pub(super) fn plan(
     lanes: &[LaneView],
     capacity: u64,
     lag_threshold: Duration,

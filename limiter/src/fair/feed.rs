@@ -9,15 +9,15 @@ use tokio::sync::mpsc;
 use crate::chunk::PullMessage;
 
 /// A lane's messages: the one looked at (`head`) and those behind it.
-pub struct Feed {
+pub(super) struct Feed {
     head: Option<PullMessage>,
     rx: mpsc::Receiver<PullMessage>,
-    pub closed: bool,
+    pub(crate) closed: bool,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Feed {
-    pub fn new(mut messages: pull::Stream) -> Feed {
+    pub(super) fn new(mut messages: pull::Stream) -> Feed {
         let (tx, rx) = mpsc::channel(64);
         let task = tokio::spawn(async move {
             while let Some(message) = messages.next().await {
@@ -35,7 +35,7 @@ impl Feed {
     }
 
     /// Until a message is ready (or the feed ended). Cancel-safe.
-    pub async fn wait(&mut self) {
+    pub(super) async fn wait(&mut self) {
         if self.head.is_none() && !self.closed {
             match self.rx.recv().await {
                 Some(message) => self.head = Some(message),
@@ -44,7 +44,7 @@ impl Feed {
         }
     }
 
-    pub fn head(&mut self) -> Option<&PullMessage> {
+    pub(super) fn head(&mut self) -> Option<&PullMessage> {
         if self.head.is_none() {
             match self.rx.try_recv() {
                 Ok(message) => self.head = Some(message),
@@ -56,11 +56,11 @@ impl Feed {
     }
 
     /// Messages in the channel behind the head.
-    pub fn queued(&self) -> usize {
+    pub(super) fn queued(&self) -> usize {
         self.rx.len()
     }
 
-    pub fn pop(&mut self) -> Option<PullMessage> {
+    pub(super) fn pop(&mut self) -> Option<PullMessage> {
         self.head();
         self.head.take()
     }

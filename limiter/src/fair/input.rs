@@ -14,7 +14,7 @@ use crate::downstream::Downstream;
 use crate::error::Error;
 
 /// The limiter's input: chunks of messages, each acknowledged by the caller.
-pub enum Input {
+pub(crate) enum Input {
     /// The FIFO consumer's chunks; messages its metadata says a lane
     /// handled before it took over are acknowledged and left out.
     Fifo {
@@ -26,7 +26,7 @@ pub enum Input {
 }
 
 impl Input {
-    pub async fn open(
+    pub(crate) async fn open(
         stream: &JsStream,
         config: &Config,
         downstream: Downstream,
@@ -50,7 +50,7 @@ impl Input {
     }
 
     /// The next chunk; `None` when the input ended.
-    pub async fn next(&mut self) -> Option<Vec<PullMessage>> {
+    pub(crate) async fn next(&mut self) -> Option<Vec<PullMessage>> {
         match self {
             Input::Fifo {
                 chunks,
@@ -79,7 +79,7 @@ impl Input {
 
     /// Per source as of now, and whether the last round intervened; `None`
     /// with FIFO scheduling (one consumer, no sources).
-    pub fn report(&mut self) -> Option<(Vec<SourceStat>, bool)> {
+    pub(crate) fn report(&mut self) -> Option<(Vec<SourceStat>, bool)> {
         match self {
             Input::Fifo { .. } => None,
             Input::Fair(scheduler) => Some(scheduler.report()),

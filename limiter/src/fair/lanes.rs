@@ -23,7 +23,7 @@ use crate::error::Error;
 /// time a limiter that died holding input delays that input (FIFO consumer
 /// and lanes alike). Short; a chunk whose output takes longer to publish is
 /// kept by progress acknowledgements instead.
-pub const ACK_WAIT: Duration = Duration::from_millis(1_500);
+pub(crate) const ACK_WAIT: Duration = Duration::from_millis(1_500);
 
 /// The stream's subject prefix, `impressions`.
 fn root() -> &'static str {
@@ -32,13 +32,13 @@ fn root() -> &'static str {
 
 /// The source of `subject`: its token at `token` (0 is `impressions`), or
 /// `""` when the subject is shorter.
-pub fn source_of(subject: &str, token: usize) -> &str {
+pub(crate) fn source_of(subject: &str, token: usize) -> &str {
     subject.split('.').nth(token).unwrap_or("")
 }
 
 /// Filter subjects that select exactly the subjects whose source is
 /// `source`; for `""`, the subjects too short to have one.
-pub fn filters(source: &str, token: usize) -> Vec<String> {
+pub(crate) fn filters(source: &str, token: usize) -> Vec<String> {
     let wildcards = ".*".repeat(token.saturating_sub(1));
     if source.is_empty() {
         return (1..token)
@@ -96,7 +96,7 @@ fn lane_config(name: &str, source: &str, token: usize, start: Option<u64>) -> pu
 /// source from the beginning of the stream, or from `start` when the lanes
 /// take over from the FIFO consumer: then an existing lane is recreated
 /// there (its position predates the FIFO consumer's).
-pub async fn open_lane(
+pub(crate) async fn open_lane(
     stream: &JsStream,
     prefix: &str,
     source: &str,
@@ -116,7 +116,7 @@ pub async fn open_lane(
 }
 
 /// Sources with messages in the stream now.
-pub async fn sources(stream: &JsStream, token: usize) -> Result<Vec<String>, Error> {
+pub(crate) async fn sources(stream: &JsStream, token: usize) -> Result<Vec<String>, Error> {
     let subjects: Vec<(String, usize)> = stream
         .info_with_subjects(IMPRESSIONS_SUBJECTS)
         .await
@@ -151,13 +151,13 @@ async fn existing_lanes(stream: &JsStream, prefix: &str) -> Result<Vec<consumer:
 /// (`None`: no FIFO consumer, nothing to take over). Everything at or below
 /// its ack floor was handled; what lies above is read again by the lanes
 /// (and its tuples deduplicated downstream by message id).
-pub async fn takeover_from_fifo(stream: &JsStream, fifo: &str) -> Option<u64> {
+pub(crate) async fn takeover_from_fifo(stream: &JsStream, fifo: &str) -> Option<u64> {
     let info = stream.consumer_info(fifo).await.ok()?;
     Some(info.ack_floor.stream_sequence + 1)
 }
 
 /// The FIFO consumer is no longer needed once every lane is in place.
-pub async fn retire_fifo(stream: &JsStream, fifo: &str) -> Result<(), Error> {
+pub(crate) async fn retire_fifo(stream: &JsStream, fifo: &str) -> Result<(), Error> {
     stream
         .delete_consumer(fifo)
         .await
@@ -168,14 +168,14 @@ pub async fn retire_fifo(stream: &JsStream, fifo: &str) -> Result<(), Error> {
 /// What the lanes had handled when the FIFO consumer took over from them:
 /// per source, every message up to that stream sequence. The FIFO reader
 /// acknowledges such messages without handling them again.
-pub type Handled = std::collections::HashMap<String, u64>;
+pub(crate) type Handled = std::collections::HashMap<String, u64>;
 
 /// The single FIFO consumer. When lanes exist (the limiter ran fair), it is
 /// created at the oldest message any lane has not handled, with each lane's
 /// ack floor in its metadata (so that no lane's handled input is read
 /// again, however old), and the lanes are deleted once it exists. An
 /// existing FIFO consumer keeps its position and its metadata.
-pub async fn open_fifo(
+pub(crate) async fn open_fifo(
     stream: &JsStream,
     name: &str,
     token: usize,

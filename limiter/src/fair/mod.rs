@@ -19,14 +19,14 @@
 //! publishes, then the input acks. Markers keep their order with the
 //! batches because chunks and markers still alternate in one loop.
 
-pub mod drr;
+mod drr;
 mod feed;
 mod input;
 pub mod lanes;
 mod round;
-pub mod sources;
-pub mod usage;
-pub mod watch;
+mod sources;
+mod usage;
+mod watch;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -41,23 +41,23 @@ use crate::downstream::Downstream;
 use crate::error::Error;
 use drr::{Deficits, LaneView};
 use feed::Feed;
-pub use input::Input;
-pub use sources::SourceStat;
+pub(crate) use input::Input;
+pub(crate) use sources::SourceStat;
 
 /// How often the stream's subjects are listed, to find a new source the
 /// watch has not reported (it normally reports one at its first message).
-pub const LISTING_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const LISTING_EVERY: Duration = Duration::from_secs(5);
 /// The usage window the shares are measured over.
-pub const USAGE_WINDOW: Duration = Duration::from_secs(5);
+pub(crate) const USAGE_WINDOW: Duration = Duration::from_secs(5);
 /// Payload bytes one round takes at most (and `max_batch` messages): short
 /// rounds, so a waiting source is never behind one huge chunk.
-pub const ROUND_BYTES: u64 = 4 * 1024 * 1024;
+pub(crate) const ROUND_BYTES: u64 = 4 * 1024 * 1024;
 /// Payload bytes the backlogs may take together in one round while other
 /// sources compete (and the window is on): a round is what a newly arrived
 /// message of another source may wait behind, so while a backlog drains the
 /// rounds stay short (about 6,500 of the benchmark's events, a few
 /// milliseconds of the limiter), and the backlog goes on round after round.
-pub const BACKLOG_ROUND_BYTES: u64 = 512 * 1024;
+pub(crate) const BACKLOG_ROUND_BYTES: u64 = 512 * 1024;
 /// While only held sources have messages, how often the scheduler looks
 /// again (besides every progress report).
 const HELD_RECHECK: Duration = Duration::from_millis(10);
@@ -149,7 +149,7 @@ impl Scheduler {
     /// when a FIFO consumer is found (an older limiter, or `fifo`
     /// scheduling before), the lanes take over from its ack floor and it is
     /// deleted afterwards.
-    pub async fn start(
+    pub(crate) async fn start(
         stream: &JsStream,
         config: &Config,
         downstream: Downstream,
@@ -353,7 +353,7 @@ impl Scheduler {
     }
 
     /// Per source, as of the last round.
-    pub fn stats(&self) -> Vec<SourceStat> {
+    pub(crate) fn stats(&self) -> Vec<SourceStat> {
         self.lanes
             .iter()
             .map(|l| SourceStat {

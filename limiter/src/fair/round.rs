@@ -84,7 +84,7 @@ impl Scheduler {
         if now.duration_since(self.published) >= sources::PUBLISH_EVERY {
             self.published = now;
             let stats = self.stats();
-            sources::publish(&stats, plan.intervening);
+            sources::publish(&stats);
         }
         chunk
     }

@@ -1,9 +1,8 @@
 //! What the fair scheduler knows per source, for operators: the gauges
-//! `adspend_limiter_source_*` (labelled `source`), a snapshot that the
-//! limiter's own code can serve as JSON, and [`super::Scheduler::report`],
-//! the view the limiter sends the pacers (`crate::report`).
+//! `adspend_limiter_source_*` (labelled `source`), and
+//! [`super::Scheduler::report`], the view the limiter sends the pacers
+//! (`crate::report`).
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -12,50 +11,37 @@ use crate::telemetry::{
     LIMITER_SOURCE_HELD_BACK, LIMITER_SOURCE_LAG_SECONDS, LIMITER_SOURCE_USAGE_SHARE,
 };
 
-/// How often the gauges and the snapshot are refreshed (not every round).
-pub const PUBLISH_EVERY: Duration = Duration::from_millis(250);
+/// How often the gauges are refreshed (not every round).
+pub(super) const PUBLISH_EVERY: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SourceStat {
-    pub source: String,
+pub(crate) struct SourceStat {
+    pub(crate) source: String,
     /// Share of the limiter's recent usage (payload bytes over the usage
     /// window), `0..=1`.
-    pub usage_share: f64,
+    pub(crate) usage_share: f64,
     /// Age of the source's oldest waiting event at the last round.
-    pub lag_seconds: f64,
+    pub(crate) lag_seconds: f64,
     /// Payload bytes waiting (an estimate from the last round: the messages
     /// pending times the size of the oldest).
-    pub pending_bytes: u64,
+    pub(crate) pending_bytes: u64,
     /// Messages waiting (on the server and buffered here).
-    pub pending_messages: u64,
+    pub(crate) pending_messages: u64,
     /// Given less than it had waiting, so that others got their share.
-    pub held_back: bool,
+    pub(crate) held_back: bool,
     /// Input messages and their payload bytes taken since the limiter
     /// started.
-    pub messages_total: u64,
-    pub bytes_total: u64,
+    pub(crate) messages_total: u64,
+    pub(crate) bytes_total: u64,
 }
 
-/// The per-source snapshot and whether the last round intervened.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Snapshot {
-    pub intervening: bool,
-    pub sources: Vec<SourceStat>,
-}
-
-static LATEST: Mutex<Option<Snapshot>> = Mutex::new(None);
-
-pub fn publish(stats: &[SourceStat], intervening: bool) {
+pub(super) fn publish(stats: &[SourceStat]) {
     for s in stats {
         let label = [("source", s.source.clone())];
         metrics::gauge!(LIMITER_SOURCE_USAGE_SHARE, &label).set(s.usage_share);
         metrics::gauge!(LIMITER_SOURCE_LAG_SECONDS, &label).set(s.lag_seconds);
         metrics::gauge!(LIMITER_SOURCE_HELD_BACK, &label).set(if s.held_back { 1.0 } else { 0.0 });
     }
-    *LATEST.lock().unwrap_or_else(|e| e.into_inner()) = Some(Snapshot {
-        intervening,
-        sources: stats.to_vec(),
-    });
 }
 
 impl super::Scheduler {
@@ -65,24 +51,14 @@ impl super::Scheduler {
     /// back while the last round held it back and it still has messages
     /// waiting; with nothing waiting anywhere nobody is intervening.
     /// Refreshes the gauges too.
-    pub fn report(&mut self) -> (Vec<SourceStat>, bool) {
+    pub(crate) fn report(&mut self) -> (Vec<SourceStat>, bool) {
         self.refresh(std::time::Instant::now());
         for lane in &mut self.lanes {
             lane.held_back &= lane.pending_messages > 0;
         }
         self.intervening &= self.lanes.iter().any(|l| l.pending_messages > 0);
         let stats = self.stats();
-        publish(&stats, self.intervening);
+        publish(&stats);
         (stats, self.intervening)
     }
-}
-
-/// The last published snapshot (empty before the first round, and with
-/// FIFO scheduling).
-pub fn snapshot() -> Snapshot {
-    LATEST
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone()
-        .unwrap_or_default()
 }

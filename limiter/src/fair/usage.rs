@@ -9,7 +9,7 @@ const BUCKETS: usize = 10;
 
 /// Usage (payload bytes handled) per lane over the last `window`.
 #[derive(Debug)]
-pub struct UsageWindow {
+pub(super) struct UsageWindow {
     bucket_len: Duration,
     /// `rings[lane][bucket]`.
     rings: Vec<[u64; BUCKETS]>,
@@ -19,7 +19,7 @@ pub struct UsageWindow {
 }
 
 impl UsageWindow {
-    pub fn new(window: Duration, now: Instant) -> Self {
+    pub(super) fn new(window: Duration, now: Instant) -> Self {
         Self {
             bucket_len: (window / BUCKETS as u32).max(Duration::from_millis(1)),
             rings: Vec::new(),
@@ -45,7 +45,7 @@ impl UsageWindow {
         self.head_started += self.bucket_len * steps as u32;
     }
 
-    pub fn record(&mut self, lane: usize, amount: u64, now: Instant) {
+    pub(super) fn record(&mut self, lane: usize, amount: u64, now: Instant) {
         self.advance(now);
         if self.rings.len() <= lane {
             self.rings.resize(lane + 1, [0; BUCKETS]);
@@ -54,7 +54,7 @@ impl UsageWindow {
     }
 
     /// Each lane's share of the window's total, for `lanes` lanes.
-    pub fn shares(&mut self, lanes: usize, now: Instant) -> Vec<f64> {
+    pub(super) fn shares(&mut self, lanes: usize, now: Instant) -> Vec<f64> {
         self.advance(now);
         let sums: Vec<u64> = (0..lanes)
             .map(|i| self.rings.get(i).map_or(0, |r| r.iter().sum()))

@@ -32,7 +32,7 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 const ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 /// New sources, in the order their first message was seen.
-pub struct Watch {
+pub(super) struct Watch {
     rx: mpsc::Receiver<String>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -43,7 +43,7 @@ impl Watch {
     /// named `<prefix>-watch-<unique>`: each limiter has its own, and a
     /// name keeps it within the limiter's `CONSUMER.CREATE.IMPRESSIONS.>`
     /// permission.
-    pub fn start(
+    pub(super) fn start(
         stream: &JsStream,
         prefix: &str,
         token: usize,
@@ -58,7 +58,7 @@ impl Watch {
 
     /// The next source not seen before. Cancel-safe; pending forever once
     /// the watch is gone (the listing still finds new sources).
-    pub async fn next(&mut self) -> String {
+    pub(super) async fn next(&mut self) -> String {
         match self.rx.recv().await {
             Some(source) => source,
             None => std::future::pending().await,

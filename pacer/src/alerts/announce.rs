@@ -23,7 +23,7 @@ use super::detect::{Key, SharedMarks};
 use super::{Alert, ALERTS_ANNOUNCED_TOTAL};
 
 /// Crossings waiting for the announcer.
-pub const QUEUE: usize = 1024;
+pub(super) const QUEUE: usize = 1024;
 /// Tries of one crossing (reads refused by a racing publish included).
 const ATTEMPTS: u32 = 8;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -31,25 +31,33 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// What became of one crossing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(super) enum Outcome {
     /// Published now (or found a duplicate of the same id by the stream).
     Published,
     /// The subject's last alert covers it; that alert's threshold.
     Covered(u16),
 }
 
-pub struct Announcer {
+pub(super) struct Announcer {
     js: async_nats::jetstream::Context,
     stream: Stream,
     marks: SharedMarks,
 }
 
 impl Announcer {
-    pub fn new(js: async_nats::jetstream::Context, stream: Stream, marks: SharedMarks) -> Self {
+    pub(super) fn new(
+        js: async_nats::jetstream::Context,
+        stream: Stream,
+        marks: SharedMarks,
+    ) -> Self {
         Announcer { js, stream, marks }
     }
 
-    pub async fn run(self, mut queue: mpsc::Receiver<(Key, Alert)>, shutdown: CancellationToken) {
+    pub(super) async fn run(
+        self,
+        mut queue: mpsc::Receiver<(Key, Alert)>,
+        shutdown: CancellationToken,
+    ) {
         loop {
             let (key, alert) = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -96,7 +104,7 @@ impl Announcer {
     }
 
     /// Announce `alert` unless the stream has it; bounded retries.
-    pub async fn announce(&self, alert: &Alert) -> Result<Outcome, String> {
+    pub(super) async fn announce(&self, alert: &Alert) -> Result<Outcome, String> {
         let subject = alert_subject(&alert.limit_id);
         let payload = serde_json::to_vec(alert).expect("an alert serializes");
         let mut backoff = FIRST_BACKOFF;

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch, RwLock};
 use tokio_util::sync::CancellationToken;
 
 use super::Alert;
-use crate::state::SpendState;
+use crate::pacing::state::SpendState;
 
 /// How often the held spend is compared with the thresholds.
 const PASS_EVERY: Duration = Duration::from_millis(250);
@@ -27,7 +27,7 @@ const FORGET_AFTER_MS: i64 = 3_600_000;
 
 /// The thresholds of `thresholds` (ascending percents of `budget`) that
 /// `spend` has reached. No spend crosses nothing, even of a zero budget.
-pub fn crossed(thresholds: &[u16], budget: u64, spend: u64) -> &[u16] {
+pub(super) fn crossed(thresholds: &[u16], budget: u64, spend: u64) -> &[u16] {
     if spend == 0 {
         return &[];
     }
@@ -36,42 +36,42 @@ pub fn crossed(thresholds: &[u16], budget: u64, spend: u64) -> &[u16] {
 }
 
 /// A period's start as the pacer API renders it.
-pub fn render_start(start: DateTime<Utc>) -> String {
+pub(super) fn render_start(start: DateTime<Utc>) -> String {
     start.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
 /// (limit id, period start as rendered; `None` for lifetime).
-pub type Key = (Arc<str>, Option<String>);
+pub(super) type Key = (Arc<str>, Option<String>);
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Mark {
+pub(crate) struct Mark {
     /// Highest threshold known to be on the stream for the period.
-    pub announced: u16,
+    pub(crate) announced: u16,
     /// Highest threshold handed to the announcer.
-    pub queued: u16,
+    pub(crate) queued: u16,
     touched_ms: i64,
 }
 
 #[derive(Debug, Default)]
-pub struct Marks {
+pub(crate) struct Marks {
     marks: HashMap<Key, Mark>,
     forgotten_ms: i64,
 }
 
-pub type SharedMarks = Arc<Mutex<Marks>>;
+pub(super) type SharedMarks = Arc<Mutex<Marks>>;
 
 impl Marks {
-    pub fn shared() -> SharedMarks {
+    pub(crate) fn shared() -> SharedMarks {
         Arc::default()
     }
 
-    pub fn get(&self, key: &Key) -> Mark {
+    pub(crate) fn get(&self, key: &Key) -> Mark {
         self.marks.get(key).copied().unwrap_or_default()
     }
 
     /// `threshold` is on the stream for `key`'s period (and so, by
     /// [`Alert::covers`], every lower one).
-    pub fn announced(&mut self, key: Key, threshold: u16, now_ms: i64) {
+    pub(crate) fn announced(&mut self, key: Key, threshold: u16, now_ms: i64) {
         let mark = self.marks.entry(key).or_default();
         mark.announced = mark.announced.max(threshold);
         mark.queued = mark.queued.max(threshold);
@@ -80,7 +80,7 @@ impl Marks {
 
     /// The announcer gave up on `key` for now: what was queued beyond the
     /// announced is detected again by the next pass.
-    pub fn failed(&mut self, key: &Key) {
+    pub(crate) fn failed(&mut self, key: &Key) {
         if let Some(mark) = self.marks.get_mut(key) {
             mark.queued = mark.announced;
         }
@@ -130,7 +130,7 @@ fn periods(limit: &Limit, now: DateTime<Utc>) -> Vec<(Option<String>, u32)> {
 
 /// The crossings of one pass over the held spend, in each period's
 /// threshold order; `marks` says which are new.
-pub fn pass(
+pub(super) fn pass(
     catalog: &Catalog,
     spend: &SpendState,
     marks: &mut Marks,
@@ -172,7 +172,7 @@ pub fn pass(
 }
 
 /// Compare every [`PASS_EVERY`] until `shutdown`, queueing what is new.
-pub async fn run(
+pub(super) async fn run(
     spend: Arc<RwLock<SpendState>>,
     catalog: watch::Receiver<Arc<Catalog>>,
     marks: SharedMarks,

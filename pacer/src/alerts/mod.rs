@@ -13,9 +13,9 @@
 //! what other pacers announced; [`webhook`] delivers from a durable
 //! consumer that all pacers share, signed, retried with backoff.
 
-pub mod announce;
-pub mod detect;
-pub mod recent;
+mod announce;
+mod detect;
+pub(crate) mod recent;
 pub mod webhook;
 
 use std::sync::Arc;
@@ -26,18 +26,18 @@ use tokio::sync::{mpsc, watch, RwLock};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::state::SpendState;
+use crate::pacing::state::SpendState;
 
 pub use recent::Recent;
 
 /// Alerts published (`outcome`: published, covered (already announced),
 /// failed (given up for now; detected again on the next pass)).
-pub const ALERTS_ANNOUNCED_TOTAL: &str = "adspend_alerts_announced_total";
+pub(crate) const ALERTS_ANNOUNCED_TOTAL: &str = "adspend_alerts_announced_total";
 /// Webhook deliveries by outcome (delivered, retried, given_up).
-pub const ALERTS_WEBHOOK_TOTAL: &str = "adspend_alerts_webhook_total";
+pub(crate) const ALERTS_WEBHOOK_TOTAL: &str = "adspend_alerts_webhook_total";
 
 /// The alert metrics' help texts.
-pub const DESCRIPTIONS: &[(&str, &str)] = &[
+pub(crate) const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         ALERTS_ANNOUNCED_TOTAL,
         "Budget alert announcements, by outcome (published, covered, failed).",
@@ -51,22 +51,22 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
 /// One budget alert, as published on `adspend.alerts.<limit id>` (the
 /// CONTRACT's fields, nothing else).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Alert {
-    pub limit_id: String,
+pub(crate) struct Alert {
+    pub(crate) limit_id: String,
     /// As `GET /v1/limits` renders it; `null` for a lifetime limit.
-    pub period_start: Option<String>,
-    pub threshold_percent: u16,
+    pub(crate) period_start: Option<String>,
+    pub(crate) threshold_percent: u16,
     /// The period's spend when the crossing was seen.
-    pub spend_micros: u64,
-    pub budget_micros: u64,
-    pub at_ms: i64,
+    pub(crate) spend_micros: u64,
+    pub(crate) budget_micros: u64,
+    pub(crate) at_ms: i64,
 }
 
 impl Alert {
     /// The crossing's identity: its JetStream message id and the webhook's
     /// `X-Adspend-Alert-Id`. The same crossing always gets the same id,
     /// whoever sees it and when.
-    pub fn id(&self) -> String {
+    pub(crate) fn id(&self) -> String {
         alert_id(
             &self.limit_id,
             self.period_start.as_deref(),
@@ -77,14 +77,14 @@ impl Alert {
     /// Whether this alert, already on the stream, means `other` was
     /// announced too: same limit and period, a threshold at least as high
     /// (one announcer publishes a period's thresholds in ascending order).
-    pub fn covers(&self, other: &Alert) -> bool {
+    pub(crate) fn covers(&self, other: &Alert) -> bool {
         self.limit_id == other.limit_id
             && self.period_start == other.period_start
             && self.threshold_percent >= other.threshold_percent
     }
 }
 
-pub fn alert_id(limit_id: &str, period_start: Option<&str>, threshold: u16) -> String {
+pub(crate) fn alert_id(limit_id: &str, period_start: Option<&str>, threshold: u16) -> String {
     format!(
         "alert/{limit_id}/{}/{threshold}",
         period_start.unwrap_or("lifetime")
@@ -93,15 +93,15 @@ pub fn alert_id(limit_id: &str, period_start: Option<&str>, threshold: u16) -> S
 
 /// Settings of the alerts.
 #[derive(Debug, Clone)]
-pub struct Settings {
-    pub stream_replicas: usize,
-    pub webhook: Option<webhook::Target>,
+pub(crate) struct Settings {
+    pub(crate) stream_replicas: usize,
+    pub(crate) webhook: Option<webhook::Target>,
 }
 
 /// Start detection, announcement, the stream follower and (when set) the
 /// webhook on `tasks`; all stop with `shutdown`. The stream is created
 /// here, so NATS must be reachable.
-pub async fn start(
+pub(crate) async fn start(
     client: async_nats::Client,
     settings: Settings,
     spend: Arc<RwLock<SpendState>>,

@@ -20,19 +20,19 @@ use super::detect::SharedMarks;
 use super::Alert;
 
 /// Alerts kept in memory (the newest).
-pub const KEPT: usize = 1000;
+pub(crate) const KEPT: usize = 1000;
 /// Most alerts in one page of `GET /v1/alerts`.
-pub const MAX_PAGE: usize = 1000;
+pub(crate) const MAX_PAGE: usize = 1000;
 const RETRY: Duration = Duration::from_secs(1);
 
 /// One alert as `GET /v1/alerts` lists it: the stream's fields, its id and
 /// its stream sequence (the cursor of the pages).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Listed {
-    pub id: String,
-    pub seq: u64,
+pub(crate) struct Listed {
+    pub(crate) id: String,
+    pub(crate) seq: u64,
     #[serde(flatten)]
-    pub alert: Alert,
+    pub(crate) alert: Alert,
 }
 
 /// The newest alerts, oldest first; cheap to clone (shared).
@@ -40,15 +40,15 @@ pub struct Listed {
 pub struct Recent(Arc<Mutex<VecDeque<Listed>>>);
 
 #[derive(Debug, Serialize)]
-pub struct Page {
-    pub alerts: Vec<Listed>,
+pub(crate) struct Page {
+    pub(crate) alerts: Vec<Listed>,
     /// Pass as `after` for the next (older) page; absent on the last.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub next: Option<String>,
+    pub(crate) next: Option<String>,
 }
 
 impl Recent {
-    pub fn push(&self, seq: u64, alert: Alert) {
+    pub(crate) fn push(&self, seq: u64, alert: Alert) {
         let mut kept = self.0.lock().expect("recent alerts lock");
         if kept.back().is_some_and(|last| last.seq >= seq) {
             return;
@@ -71,7 +71,7 @@ impl Recent {
 
     /// Up to `size` alerts older than the sequence `after` (all without
     /// one), newest first.
-    pub fn page(&self, after: Option<u64>, size: usize) -> Page {
+    pub(crate) fn page(&self, after: Option<u64>, size: usize) -> Page {
         let kept = self.0.lock().expect("recent alerts lock");
         let end = after.map_or(kept.len(), |after| {
             kept.partition_point(|listed| listed.seq < after)
@@ -97,7 +97,7 @@ async fn start_seq(stream: &mut Stream, recent: &Recent) -> Result<u64, String> 
 }
 
 /// Follow `ALERTS` into `recent` and `marks` until `shutdown`.
-pub async fn follow(
+pub(crate) async fn follow(
     mut stream: Stream,
     recent: Recent,
     marks: SharedMarks,

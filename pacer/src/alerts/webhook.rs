@@ -24,9 +24,9 @@ use tokio_util::sync::CancellationToken;
 use super::ALERTS_WEBHOOK_TOTAL;
 
 /// The durable consumer every pacer shares.
-pub const CONSUMER: &str = "adspend-alerts-webhook";
+pub(crate) const CONSUMER: &str = "adspend-alerts-webhook";
 /// Deliveries of one alert before it is given up.
-pub const MAX_DELIVERIES: i64 = 30;
+pub(crate) const MAX_DELIVERIES: i64 = 30;
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -34,14 +34,14 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// another pacer meanwhile.
 const ACK_WAIT: Duration = Duration::from_secs(30);
 
-pub const SIGNATURE_HEADER: &str = "X-Adspend-Signature";
-pub const ALERT_ID_HEADER: &str = "X-Adspend-Alert-Id";
+pub(crate) const SIGNATURE_HEADER: &str = "X-Adspend-Signature";
+pub(crate) const ALERT_ID_HEADER: &str = "X-Adspend-Alert-Id";
 
 /// Where alerts go and the key they are signed with.
 #[derive(Clone)]
-pub struct Target {
-    pub url: url::Url,
-    pub secret: Vec<u8>,
+pub(crate) struct Target {
+    pub(crate) url: url::Url,
+    pub(crate) secret: Vec<u8>,
 }
 
 impl std::fmt::Debug for Target {
@@ -62,13 +62,13 @@ pub fn signature(secret: &[u8], body: &[u8]) -> String {
 }
 
 /// Delay before delivery number `delivered + 1`.
-pub fn backoff(delivered: i64) -> Duration {
+pub(crate) fn backoff(delivered: i64) -> Duration {
     let doublings = u32::try_from(delivered.saturating_sub(1).clamp(0, 20)).unwrap_or(20);
     (FIRST_BACKOFF * 2u32.pow(doublings)).min(MAX_BACKOFF)
 }
 
 /// The shared durable consumer (created by the first pacer to need it).
-pub async fn consumer(stream: &Stream) -> Result<PullConsumer, adspend_common::Error> {
+pub(crate) async fn consumer(stream: &Stream) -> Result<PullConsumer, adspend_common::Error> {
     stream
         .get_or_create_consumer(
             CONSUMER,
@@ -117,7 +117,7 @@ fn verdict(answered: Result<reqwest::StatusCode, String>, delivered: i64) -> (Ve
 
 /// Deliver until `shutdown`; the consumer's stream is opened again after
 /// an error.
-pub async fn run(consumer: PullConsumer, target: Target, shutdown: CancellationToken) {
+pub(crate) async fn run(consumer: PullConsumer, target: Target, shutdown: CancellationToken) {
     let http = match reqwest::Client::builder().timeout(REQUEST_TIMEOUT).build() {
         Ok(http) => http,
         Err(e) => return tracing::error!(error = %e, "alert webhook: no HTTP client"),

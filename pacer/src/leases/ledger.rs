@@ -24,26 +24,26 @@ use serde::{Deserialize, Serialize};
 /// One grant as the ledger stream carries it. Its lease id is made from
 /// its batch's stream sequence and its index in the batch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Grant {
-    pub ad_id: String,
+pub(crate) struct Grant {
+    pub(crate) ad_id: String,
     /// Every limit above the ad when it was granted.
-    pub limits: Vec<String>,
-    pub micros: u64,
-    pub expires_at_ms: i64,
+    pub(crate) limits: Vec<String>,
+    pub(crate) micros: u64,
+    pub(crate) expires_at_ms: i64,
 }
 
 /// One message of the ledger stream: the grants of one commit.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Batch {
+pub(crate) struct Batch {
     /// The pacer that granted them (its instance name, for operators).
-    pub pacer: String,
-    pub at_ms: i64,
-    pub grants: Vec<Grant>,
+    pub(crate) pacer: String,
+    pub(crate) at_ms: i64,
+    pub(crate) grants: Vec<Grant>,
 }
 
 impl Batch {
     /// The lease id of the `index`th grant of the batch stored at `seq`.
-    pub fn lease_id(seq: u64, index: usize, grant: &Grant) -> LeaseId {
+    pub(crate) fn lease_id(seq: u64, index: usize, grant: &Grant) -> LeaseId {
         LeaseId {
             expires_at_ms: grant.expires_at_ms,
             seq,
@@ -54,15 +54,15 @@ impl Batch {
 
 /// A lease the ledger holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lease {
-    pub ad_id: Arc<str>,
-    pub limits: Vec<Arc<str>>,
-    pub granted: u64,
+pub(crate) struct Lease {
+    pub(crate) ad_id: Arc<str>,
+    pub(crate) limits: Vec<Arc<str>>,
+    pub(crate) granted: u64,
     /// Spend reported under the lease, up to `granted`.
-    pub covered: u64,
+    pub(crate) covered: u64,
     /// Spend reported under the lease, all of it (may pass `granted`: the
     /// ad server went beyond its grant).
-    pub reported: u64,
+    pub(crate) reported: u64,
 }
 
 impl Lease {
@@ -74,25 +74,25 @@ impl Lease {
 /// How far past a report's push every shard must have caught up before
 /// the report frees anything: room for the aggregators' clocks (each
 /// stamps its own watermarks) being a little apart.
-pub const REPORT_MARGIN_MS: i64 = 250;
+pub(crate) const REPORT_MARGIN_MS: i64 = 250;
 
 /// What [`Ledger::retire`] took out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Retired {
-    pub leases: u64,
+pub(crate) struct Retired {
+    pub(crate) leases: u64,
     /// Granted and never covered by reported spend.
-    pub unused_micros: u64,
+    pub(crate) unused_micros: u64,
 }
 
 /// What the live leases of one limit hold.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Held {
-    pub micros: u64,
-    pub leases: u64,
+pub(crate) struct Held {
+    pub(crate) micros: u64,
+    pub(crate) leases: u64,
 }
 
 #[derive(Debug, Default)]
-pub struct Ledger {
+pub(crate) struct Ledger {
     /// Live leases, in expiry order (a lease id sorts by expiry first).
     leases: BTreeMap<LeaseId, Lease>,
     /// Per limit: what its live leases hold, and how many there are.
@@ -109,25 +109,25 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    pub fn folded_seq(&self) -> u64 {
+    pub(crate) fn folded_seq(&self) -> u64 {
         self.folded_seq
     }
 
-    pub fn live(&self) -> usize {
+    pub(crate) fn live(&self) -> usize {
         self.leases.len()
     }
 
     /// What the live leases hold of `limit`'s budget.
-    pub fn held(&self, limit: &str) -> u64 {
+    pub(crate) fn held(&self, limit: &str) -> u64 {
         self.held_by(limit).micros
     }
 
     /// What the live leases of `limit` hold, and how many there are.
-    pub fn held_by(&self, limit: &str) -> Held {
+    pub(crate) fn held_by(&self, limit: &str) -> Held {
         self.held.get(limit).copied().unwrap_or_default()
     }
 
-    pub fn lease(&self, id: &LeaseId) -> Option<&Lease> {
+    pub(crate) fn lease(&self, id: &LeaseId) -> Option<&Lease> {
         self.leases.get(id)
     }
 
@@ -145,7 +145,7 @@ impl Ledger {
     /// Fold the batch stored at `seq`; a batch at or below the last folded
     /// sequence was folded already and changes nothing. Grants of nothing
     /// (0 micros) hold nothing and are not kept.
-    pub fn fold(&mut self, seq: u64, batch: &Batch) {
+    pub(crate) fn fold(&mut self, seq: u64, batch: &Batch) {
         if seq <= self.folded_seq {
             return;
         }
@@ -180,13 +180,13 @@ impl Ledger {
     /// same impressions' spend on the lease's limits travels in other
     /// partitions, maybe other shards, and until it shows there, freeing
     /// the lease would let the budget be granted twice.
-    pub fn report(&mut self, id: LeaseId, reported: u64, as_of_ms: i64) {
+    pub(crate) fn report(&mut self, id: LeaseId, reported: u64, as_of_ms: i64) {
         self.pending
             .push((as_of_ms.saturating_add(REPORT_MARGIN_MS), id, reported));
     }
 
     /// Apply the reports whose spend every shard has caught up with.
-    pub fn settle(&mut self, caught_up_ms: i64) {
+    pub(crate) fn settle(&mut self, caught_up_ms: i64) {
         if self.pending.is_empty() {
             return;
         }
@@ -227,7 +227,7 @@ impl Ledger {
     /// Retire the leases that expired more than `grace_ms` before
     /// `caught_up_ms` (how far the pipeline has caught up), and forget
     /// early reports that could no longer matter.
-    pub fn retire(&mut self, caught_up_ms: i64, grace_ms: i64) -> Retired {
+    pub(crate) fn retire(&mut self, caught_up_ms: i64, grace_ms: i64) -> Retired {
         let mut retired = Retired::default();
         while let Some(entry) = self.leases.first_entry() {
             if entry.key().expires_at_ms.saturating_add(grace_ms) > caught_up_ms {

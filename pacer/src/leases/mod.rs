@@ -21,7 +21,6 @@
 //! covers ([`Ledger::report`]); leases retire once expired and caught up
 //! past expiry plus the grace (the ticker calls [`Leases::retire`]).
 
-mod api;
 mod ledger;
 mod plan;
 
@@ -37,19 +36,19 @@ use tokio::sync::{mpsc, oneshot, watch, Notify, RwLock};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub(crate) use api::{grant as grant_leases, read as read_lease};
-pub use ledger::{Batch, Grant, Held, Ledger};
-pub use plan::Ask;
+pub(crate) use ledger::{Batch, Grant, Ledger};
+pub(crate) use plan::Ask;
 
-use crate::state::SpendState;
+use crate::pacing::state::SpendState;
+use crate::telemetry::LEASE_COMMIT_SECONDS;
 
 /// The ledger stream and its one subject.
-pub const LEASES_STREAM: &str = "LEASES";
-pub const LEASES_SUBJECT: &str = "adspend.leases";
+pub(crate) const LEASES_STREAM: &str = "LEASES";
+pub(crate) const LEASES_SUBJECT: &str = "adspend.leases";
 /// How long the stream keeps a commit: far beyond the longest lease (10
 /// minutes) plus any grace a pacer runs with, so a pacer starting now
 /// still reads every grant that can be live.
-pub const LEDGER_MAX_AGE: Duration = Duration::from_secs(3600);
+pub(crate) const LEDGER_MAX_AGE: Duration = Duration::from_secs(3600);
 /// Most requests planned and committed together.
 const MAX_QUEUED: usize = 256;
 /// How long a commit that lost the race waits to fold the winner's grants
@@ -59,16 +58,15 @@ const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(2);
 /// gives up (503).
 const RACE_TIMEOUT: Duration = Duration::from_secs(3);
 
-pub const LEASE_GRANTS_TOTAL: &str = "adspend_pacer_lease_grants_total";
-pub const LEASE_GRANTED_MICROS_TOTAL: &str = "adspend_pacer_lease_granted_micros_total";
-pub const LEASE_REFUSALS_TOTAL: &str = "adspend_pacer_lease_refusals_total";
-pub const LEASE_EXPIRIES_TOTAL: &str = "adspend_pacer_lease_expiries_total";
-pub const LEASE_UNUSED_MICROS_TOTAL: &str = "adspend_pacer_lease_unused_micros_total";
-pub const LEASES_LIVE: &str = "adspend_pacer_leases_live";
-pub const LEASE_COMMIT_RACES_TOTAL: &str = "adspend_pacer_lease_commit_races_total";
-pub const LEASE_COMMIT_SECONDS: &str = "adspend_pacer_lease_commit_seconds";
+pub(crate) const LEASE_GRANTS_TOTAL: &str = "adspend_pacer_lease_grants_total";
+pub(crate) const LEASE_GRANTED_MICROS_TOTAL: &str = "adspend_pacer_lease_granted_micros_total";
+pub(crate) const LEASE_REFUSALS_TOTAL: &str = "adspend_pacer_lease_refusals_total";
+pub(crate) const LEASE_EXPIRIES_TOTAL: &str = "adspend_pacer_lease_expiries_total";
+pub(crate) const LEASE_UNUSED_MICROS_TOTAL: &str = "adspend_pacer_lease_unused_micros_total";
+pub(crate) const LEASES_LIVE: &str = "adspend_pacer_leases_live";
+pub(crate) const LEASE_COMMIT_RACES_TOTAL: &str = "adspend_pacer_lease_commit_races_total";
 
-pub const DESCRIPTIONS: &[(&str, &str)] = &[
+pub(crate) const DESCRIPTIONS: &[(&str, &str)] = &[
     (LEASE_GRANTS_TOTAL, "Leases granted (more than 0 micros)."),
     (LEASE_GRANTED_MICROS_TOTAL, "Micros granted in leases."),
     (
@@ -85,11 +83,10 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
         LEASE_COMMIT_RACES_TOTAL,
         "Lease commits that found another pacer's commit first and planned again.",
     ),
-    (LEASE_COMMIT_SECONDS, "Time to plan and write one batch of lease requests to the ledger."),
 ];
 
 /// One request's grants, each with its lease id when it granted anything.
-pub type Granted = Vec<(Grant, Option<LeaseId>)>;
+pub(crate) type Granted = Vec<(Grant, Option<LeaseId>)>;
 
 /// One request waiting for the committer.
 struct Queued {
@@ -101,7 +98,7 @@ struct Queued {
 /// Why no grant could be made: the ledger is not loaded yet, or could not
 /// be written.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unavailable(pub String);
+pub(crate) struct Unavailable(pub String);
 
 /// This pacer's view of the ledger and its way in.
 #[derive(Clone)]
@@ -115,13 +112,13 @@ pub struct Leases {
 }
 
 impl Leases {
-    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+    pub(crate) fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
         self.ledger.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// What the live leases hold of `limit`'s budget (its spend in flight
     /// under leases), and how many there are.
-    pub fn held_and_live(&self, limit: &str) -> (u64, u64) {
+    pub(crate) fn held_and_live(&self, limit: &str) -> (u64, u64) {
         let held = self.ledger().held_by(limit);
         (held.micros, held.leases)
     }
@@ -129,7 +126,7 @@ impl Leases {
     /// Take the lease keys out of a sums push complete as of `as_of_ms`:
     /// their sums are the spend reported under each lease, which frees
     /// what it covers once every shard has caught up ([`Leases::retire`]).
-    pub fn take_reports(&self, entries: &mut Vec<SumEntry>, as_of_ms: i64) {
+    pub(crate) fn take_reports(&self, entries: &mut Vec<SumEntry>, as_of_ms: i64) {
         if !entries.iter().any(|e| e.limit.starts_with('~')) {
             return;
         }
@@ -145,7 +142,7 @@ impl Leases {
 
     /// Every shard has caught up to `caught_up_ms`: apply the reports that
     /// waited for it, and retire what expired more than the grace before.
-    pub fn retire(&self, caught_up_ms: i64) {
+    pub(crate) fn retire(&self, caught_up_ms: i64) {
         let (retired, live) = {
             let mut ledger = self.ledger();
             ledger.settle(caught_up_ms);
@@ -158,7 +155,11 @@ impl Leases {
 
     /// Grant what can be granted of `asks`, each lease expiring at
     /// `expires_at_ms`.
-    pub async fn grant(&self, asks: Vec<Ask>, expires_at_ms: i64) -> Result<Granted, Unavailable> {
+    pub(crate) async fn grant(
+        &self,
+        asks: Vec<Ask>,
+        expires_at_ms: i64,
+    ) -> Result<Granted, Unavailable> {
         if !*self.ready.borrow() {
             return Err(Unavailable(
                 "the lease ledger is still being read (this pacer just started)".into(),
@@ -193,7 +194,7 @@ struct Committer {
 /// Start the ledger: create the stream if missing, follow it, and commit
 /// grants. A pacer whose NATS user may not use the stream still serves
 /// everything else; its lease requests are answered 503 until it can.
-pub async fn start(
+pub(crate) async fn start(
     client: async_nats::Client,
     replicas: usize,
     grace_ms: i64,

@@ -10,20 +10,20 @@ use adspend_wire::catalog::Catalog;
 use chrono::{DateTime, Utc};
 
 use super::ledger::{Grant, Ledger};
+use crate::pacing::state::SpendState;
 use crate::pacing::verdict;
-use crate::state::SpendState;
 
 /// One ad of a request, checked: a known ad, at least one micro.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Ask {
-    pub ad_id: String,
-    pub micros: u64,
+pub(crate) struct Ask {
+    pub(crate) ad_id: String,
+    pub(crate) micros: u64,
 }
 
 /// Grants for `asks` (each with the expiry its lease gets), in order: 0
 /// micros where nothing is left, a limit is stale or exhausted, or the ad
 /// is not in `catalog` (the request was checked against another snapshot).
-pub fn plan(
+pub(super) fn plan(
     catalog: &Catalog,
     spend: &SpendState,
     ledger: &Ledger,

@@ -8,8 +8,8 @@ use adspend_wire::types::{SumEntry, SumsUpdate, LIFETIME_BUCKET};
 use chrono::{DateTime, TimeZone, Utc};
 
 use super::{tick, verdict};
-use crate::controller::Gains;
-use crate::state::SpendState;
+use crate::pacing::controller::Gains;
+use crate::pacing::state::SpendState;
 
 const COST: u64 = 1_000;
 const PUSH_MS: i64 = 50;

@@ -1,30 +1,41 @@
-//! The answer for one limit at one instant: spend in the current period,
-//! what is left, whether it is exhausted, how hard to bid, and the spend it
-//! can still overrun by; plus the periodic tick that advances every limit's
-//! controller and records its history.
+//! Pacing: the spend the pacer holds, and from it the answer for one limit
+//! at one instant: spend in the current period, what is left, whether it is
+//! exhausted, how hard to bid, and the spend it can still overrun by; plus
+//! the periodic tick that advances every limit's controller and records its
+//! history.
 //!
+//! - [`state`]: the spend as pushed by the aggregators, per limit and shard,
+//!   with each limit's pacing memory (controller, history, multipliers
+//!   served) and the traffic shape.
 //! - `verdict`: the numbers of one limit, and the bidder's decision for an
 //!   ad from the verdicts of every limit above it.
 //! - `view`: a verdict as the limits API serves it.
 //! - `tick`: the controllers' clock, the dashboard's history, and the
-//!   multipliers served (`served`) that the lag guard reads back.
+//!   multipliers served ([`served`]) that the lag guard reads back.
 //!
 //! - Plan: the budget spread over the period following the learned traffic
-//!   shape (blended with uniform), [`crate::shape`].
-//! - Multiplier: the controller's output ([`crate::controller`]), capped by
-//!   the lag guard (which counts the spend served within the last lag as in
+//!   shape (blended with uniform), [`shape`].
+//! - Multiplier: the controller's output ([`controller`]), capped by the lag
+//!   guard (which counts the spend served within the last lag as in
 //!   flight); 0 when exhausted or stale.
 //! - Exhausted: the remainder cannot pay for one more typical event.
 //! - Stale: the limit's shard has not pushed (not even a heartbeat) for the
-//!   stale threshold; not servable ([`crate::state::SpendState::limit_stale`]).
+//!   stale threshold; not servable ([`SpendState::limit_stale`]).
 
+pub(crate) mod controller;
+pub(crate) mod served;
+pub(crate) mod shape;
+pub(crate) mod state;
 mod tick;
 mod verdict;
 mod view;
 
-pub use tick::{stale_limits, tick};
-pub use verdict::{decide, decide_counted, verdict, Decision, Verdict};
-pub use view::{view, LimitView, PacingView};
+pub use state::SpendState;
+pub(crate) use tick::stale_limits;
+pub use tick::tick;
+pub(crate) use verdict::decide_counted;
+pub use verdict::{decide, verdict, Decision, Verdict};
+pub(crate) use view::{view, LimitView};
 
 #[cfg(test)]
 mod loop_tests;
@@ -33,11 +44,11 @@ mod loop_tests;
 pub(crate) mod test_support {
     use adspend_wire::types::{SumEntry, SumsUpdate};
 
-    use crate::state::SpendState;
+    use crate::pacing::state::SpendState;
 
     /// Push `entries` (bucket, micros) of one limit from shard "all", one
     /// sequence past what the state holds.
-    pub fn push(
+    pub(crate) fn push(
         state: &mut SpendState,
         limit: &str,
         entries: Vec<(u32, u64)>,
@@ -69,7 +80,7 @@ pub(crate) mod test_support {
         );
     }
 
-    pub const HIERARCHY: &[u8] = br#"{
+    pub(crate) const HIERARCHY: &[u8] = br#"{
       "limits": {
         "account": {"budget_micros": 10000, "period": "lifetime"},
         "campaign": {"budget_micros": 5000, "period": "daily", "time_zone": "Europe/Berlin", "parent": "account"},

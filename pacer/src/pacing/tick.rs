@@ -6,8 +6,8 @@ use adspend_wire::catalog::Catalog;
 use chrono::{DateTime, Utc};
 
 use super::verdict::{elapsed_fraction, period_spend, plan_micros, verdict};
-use crate::controller::{baseline_step, Algorithm, Gains, Observation};
-use crate::state::{Pacing, Point, SpendState};
+use crate::pacing::controller::{baseline_step, Algorithm, Gains, Observation};
+use crate::pacing::state::{Pacing, Point, SpendState};
 
 /// Most points kept per limit; when full, every other point is dropped, so
 /// the history always spans the whole period at a coarser resolution.
@@ -107,7 +107,7 @@ pub fn tick(
 }
 
 /// Catalog limits that are stale at `now` (the stale-limits gauge).
-pub fn stale_limits(state: &SpendState, catalog: &Catalog, now: DateTime<Utc>) -> usize {
+pub(crate) fn stale_limits(state: &SpendState, catalog: &Catalog, now: DateTime<Utc>) -> usize {
     let now_ms = now.timestamp_millis();
     catalog
         .limits

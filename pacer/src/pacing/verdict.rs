@@ -5,8 +5,8 @@ use adspend_wire::catalog::{Catalog, Limit, Period};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::controller::{lag_guard, Algorithm, GuardInput};
-use crate::state::{LimitSums, SpendState, RATE_WINDOW_MS};
+use crate::pacing::controller::{lag_guard, Algorithm, GuardInput};
+use crate::pacing::state::{LimitSums, SpendState, RATE_WINDOW_MS};
 
 /// Fraction of the period elapsed at `now` and the period's length in ms
 /// (None for lifetime limits).
@@ -41,20 +41,20 @@ pub(super) fn plan_micros(limit: &Limit, state: &SpendState, now: DateTime<Utc>)
 /// both the limit view and the bidder's decisions need.
 #[derive(Debug, Clone, Copy)]
 pub struct Verdict {
-    pub spend: u64,
-    pub remaining: u64,
+    pub(crate) spend: u64,
+    pub(crate) remaining: u64,
     pub exhausted: bool,
     pub multiplier: f64,
     /// The pacing controller's multiplier alone, without the lag guard's
     /// cap (0 when exhausted or stale): what spend leases are sized by,
     /// since a lease's spend is held in flight until reported and needs
     /// no guard against the lag.
-    pub paced: f64,
+    pub(crate) paced: f64,
     pub overspend_bound: u64,
-    pub watermark_ms: Option<i64>,
-    pub staleness_ms: i64,
+    pub(crate) watermark_ms: Option<i64>,
+    pub(crate) staleness_ms: i64,
     /// The limit's shard has not pushed for `stale_after_ms`: not servable.
-    pub stale: bool,
+    pub(crate) stale: bool,
 }
 
 pub fn verdict(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> Verdict {
@@ -148,15 +148,15 @@ pub fn verdict(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> Verdict
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Decision {
-    pub ad_id: String,
+    pub(crate) ad_id: String,
     pub servable: bool,
-    pub multiplier: f64,
+    pub(crate) multiplier: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<&'static str>,
+    pub(crate) error: Option<&'static str>,
     /// Some limit above the ad is stale (the reason it is not servable);
     /// serialized only when true.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub stale: bool,
+    pub(crate) stale: bool,
 }
 
 /// May the bidder bid on `ad_id`, and how hard: servable only if every limit
@@ -175,7 +175,7 @@ pub fn decide(
 
 /// [`decide`], and how many verdicts it took (what a batch budgets its
 /// time in).
-pub fn decide_counted(
+pub(crate) fn decide_counted(
     catalog: &Catalog,
     state: &SpendState,
     ad_id: String,

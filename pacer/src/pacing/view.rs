@@ -6,49 +6,49 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
 use super::verdict::{plan_micros, verdict};
-use crate::state::SpendState;
+use crate::pacing::state::SpendState;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct PacingView {
-    pub multiplier: f64,
-    pub throttle: f64,
+pub(crate) struct PacingView {
+    pub(crate) multiplier: f64,
+    pub(crate) throttle: f64,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct LimitView {
-    pub limit_id: String,
-    pub budget_micros: u64,
-    pub period: &'static str,
-    pub time_zone: String,
-    pub period_start: Option<String>,
-    pub period_end: Option<String>,
-    pub spend_micros: u64,
-    pub lifetime_spend_micros: u64,
-    pub remaining_micros: u64,
-    pub exhausted: bool,
-    pub pacing: PacingView,
-    pub watermark: Option<String>,
-    pub lag_ms: i64,
+pub(crate) struct LimitView {
+    pub(crate) limit_id: String,
+    pub(crate) budget_micros: u64,
+    pub(crate) period: &'static str,
+    pub(crate) time_zone: String,
+    pub(crate) period_start: Option<String>,
+    pub(crate) period_end: Option<String>,
+    pub(crate) spend_micros: u64,
+    pub(crate) lifetime_spend_micros: u64,
+    pub(crate) remaining_micros: u64,
+    pub(crate) exhausted: bool,
+    pub(crate) pacing: PacingView,
+    pub(crate) watermark: Option<String>,
+    pub(crate) lag_ms: i64,
     /// The limit's shard has not pushed for the stale threshold: its ads are
-    /// not servable (see [`crate::state::SpendState::limit_stale`]).
-    pub stale: bool,
-    pub overspend_bound_micros: u64,
+    /// not servable (see [`crate::pacing::state::SpendState::limit_stale`]).
+    pub(crate) stale: bool,
+    pub(crate) overspend_bound_micros: u64,
     /// Planned spend by now (daily limits; the budget for lifetime ones).
-    pub plan_micros: u64,
+    pub(crate) plan_micros: u64,
     /// Granted under spend leases and not yet covered by the spend
     /// reported under them: spend in flight (CONTRACT.md "Spend leases").
-    pub leased_micros: u64,
+    pub(crate) leased_micros: u64,
     /// The costliest impression seen on the limit (what one event beyond a
     /// grant can add).
     #[serde(skip)]
-    pub max_cost_micros: u64,
+    pub(crate) max_cost_micros: u64,
 }
 
 fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
-pub fn view(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> LimitView {
+pub(crate) fn view(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> LimitView {
     let bounds = limit.period_at(now);
     let v = verdict(limit, state, now);
     LimitView {

@@ -8,10 +8,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use adspend_pacer::api::{self, AppState};
-use adspend_pacer::auth::Auth;
-use adspend_pacer::serve::{serve, HttpLimits};
-use adspend_pacer::state::SpendState;
+use adspend_pacer::http::{self, serve, AppState, Auth, HttpLimits};
+use adspend_pacer::pacing::SpendState;
 use adspend_wire::catalog::Catalog;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -19,21 +17,21 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{watch, RwLock};
 use tokio_util::sync::CancellationToken;
 
-pub const CATALOG: &[u8] = br#"{
+pub(crate) const CATALOG: &[u8] = br#"{
   "limits": {"campaign": {"budget_micros": 5000, "period": "lifetime"}},
   "ads": {"ad-1": ["campaign"]}
 }"#;
-pub const READ: &str = "read-token-0123456789abcdef";
-pub const DECIDE: &str = "decide-token-0123456789abcdef";
+pub(crate) const READ: &str = "read-token-0123456789abcdef";
+pub(crate) const DECIDE: &str = "decide-token-0123456789abcdef";
 
-pub const LIMITS: HttpLimits = HttpLimits {
+pub(crate) const LIMITS: HttpLimits = HttpLimits {
     request_timeout: Duration::from_secs(10),
     idle_timeout: Duration::from_secs(60),
     max_connections: 64,
     max_connections_per_addr: 64,
 };
 
-pub struct Pacer {
+pub(crate) struct Pacer {
     pub addr: SocketAddr,
     pub shutdown: CancellationToken,
     _catalog: watch::Sender<Arc<Catalog>>,
@@ -45,12 +43,12 @@ impl Drop for Pacer {
     }
 }
 
-pub async fn start(auth: Auth, limits: HttpLimits) -> Pacer {
+pub(crate) async fn start(auth: Auth, limits: HttpLimits) -> Pacer {
     start_with(auth, limits, CATALOG, 1_000).await
 }
 
 /// [`start`] with another catalog and decisions batch cap.
-pub async fn start_with(
+pub(crate) async fn start_with(
     auth: Auth,
     limits: HttpLimits,
     catalog: &[u8],
@@ -71,7 +69,7 @@ pub async fn start_with(
     let shutdown = CancellationToken::new();
     tokio::spawn(serve(
         listener,
-        api::router(state, auth),
+        http::router(state, auth),
         limits,
         None,
         shutdown.clone(),
@@ -84,13 +82,13 @@ pub async fn start_with(
 }
 
 /// A connection to `addr` from `from` (any of 127.0.0.0/8 on Linux).
-pub async fn connect_from(from: IpAddr, addr: SocketAddr) -> std::io::Result<TcpStream> {
+pub(crate) async fn connect_from(from: IpAddr, addr: SocketAddr) -> std::io::Result<TcpStream> {
     let socket = TcpSocket::new_v4()?;
     socket.bind(SocketAddr::new(from, 0))?;
     socket.connect(addr).await
 }
 
-pub struct Reply {
+pub(crate) struct Reply {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: String,
@@ -114,19 +112,19 @@ impl std::fmt::Debug for Reply {
 }
 
 impl Reply {
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
     }
 
-    pub fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
     }
 
     /// The contract's error shape, with a non-empty message.
-    pub fn assert_json_error(&self, status: u16) {
+    pub(crate) fn assert_json_error(&self, status: u16) {
         assert_eq!(self.status, status, "{self:?}");
         assert!(
             self.header("content-type")
@@ -140,7 +138,7 @@ impl Reply {
     }
 }
 
-pub fn parse_reply(raw: &[u8]) -> Reply {
+pub(crate) fn parse_reply(raw: &[u8]) -> Reply {
     let text = String::from_utf8_lossy(raw);
     let (head, body) = text
         .split_once("\r\n\r\n")
@@ -163,7 +161,7 @@ pub fn parse_reply(raw: &[u8]) -> Reply {
 }
 
 /// One request on a fresh connection (`Connection: close`), read to EOF.
-pub async fn request(
+pub(crate) async fn request(
     addr: SocketAddr,
     method: &str,
     path: &str,
@@ -175,7 +173,7 @@ pub async fn request(
 }
 
 /// [`request`] on a given connection.
-pub async fn request_on(
+pub(crate) async fn request_on(
     mut stream: TcpStream,
     method: &str,
     path: &str,
@@ -199,10 +197,10 @@ pub async fn request_on(
     parse_reply(&response)
 }
 
-pub const JSON: (&str, &str) = ("Content-Type", "application/json");
+pub(crate) const JSON: (&str, &str) = ("Content-Type", "application/json");
 
 /// Whether the server has closed `stream` (EOF or reset) within `wait`.
-pub async fn closed_within(stream: &mut TcpStream, wait: Duration) -> bool {
+pub(crate) async fn closed_within(stream: &mut TcpStream, wait: Duration) -> bool {
     let mut buf = [0u8; 1024];
     let deadline = tokio::time::Instant::now() + wait;
     loop {

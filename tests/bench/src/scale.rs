@@ -296,27 +296,6 @@ pub fn cpu_since(before: &[ProcessTicks], elapsed: Duration) -> Vec<ProcessCpu> 
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_hottest_thread_is_read_from_proc() {
-        let me = std::process::id();
-        assert!(!thread_ticks(me).is_empty(), "this process has threads");
-        let before = thread_ticks(me);
-        let until = Instant::now() + Duration::from_millis(300);
-        let mut x = 0u64;
-        while Instant::now() < until {
-            x = x.wrapping_mul(31).wrapping_add(7);
-        }
-        assert!(x != 1);
-        let (_, share, total) = hottest(&before, &thread_ticks(me));
-        assert!(total > 0, "ticks counted");
-        assert!(share > 0.5, "one busy thread dominates: {share}");
-    }
-}
-
 /// What the machine itself gives from more threads, as a floor under the
 /// stage speedups: operations per second on `threads` threads at once of
 /// (a) integer arithmetic touching no memory, and (b) dependent-free random
@@ -357,4 +336,25 @@ pub fn machine(threads: usize) -> (f64, f64) {
     let compute_rate = run(&|n| compute(n), 1_000_000_000);
     let read_rate = run(&|n| reads(n, n), 60_000_000);
     (compute_rate, read_rate)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hottest_thread_is_read_from_proc() {
+        let me = std::process::id();
+        assert!(!thread_ticks(me).is_empty(), "this process has threads");
+        let before = thread_ticks(me);
+        let until = Instant::now() + Duration::from_millis(300);
+        let mut x = 0u64;
+        while Instant::now() < until {
+            x = x.wrapping_mul(31).wrapping_add(7);
+        }
+        assert!(x != 1);
+        let (_, share, total) = hottest(&before, &thread_ticks(me));
+        assert!(total > 0, "ticks counted");
+        assert!(share > 0.5, "one busy thread dominates: {share}");
+    }
 }

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::CostDistribution;
 
 /// The `ttl_ms` the contract accepts.
-pub const TTL_MS: std::ops::RangeInclusive<u64> = 1_000..=600_000;
+pub(crate) const TTL_MS: std::ops::RangeInclusive<u64> = 1_000..=600_000;
 
 /// How a simulated ad server decides what it may serve.
 #[derive(Debug, Clone, Copy, PartialEq)]

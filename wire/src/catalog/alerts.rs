@@ -8,11 +8,11 @@
 //! no empty token (a leading, trailing or doubled `.`).
 
 /// Highest threshold accepted, percent of the budget.
-pub const MAX_THRESHOLD_PERCENT: u32 = 1000;
+pub(super) const MAX_THRESHOLD_PERCENT: u32 = 1000;
 
 /// The validated thresholds of limit `id` (empty when it lists none), or
 /// why they are refused.
-pub fn thresholds(id: &str, listed: Option<&[u32]>) -> Result<Box<[u16]>, String> {
+pub(super) fn thresholds(id: &str, listed: Option<&[u32]>) -> Result<Box<[u16]>, String> {
     let Some(listed) = listed.filter(|l| !l.is_empty()) else {
         return Ok(Box::default());
     };

@@ -18,7 +18,7 @@ const LOG_EVERY: Duration = Duration::from_secs(30);
 
 /// Why a checkpoint failed, as the `reason` label says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// S3 answered that the bucket does not exist.
     BucketMissing,
     /// The object store failed otherwise.
@@ -31,7 +31,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub fn of(error: &Error) -> Reason {
+    pub(crate) fn of(error: &Error) -> Reason {
         match error {
             Error::Common(e) if is_bucket_missing(e) => Reason::BucketMissing,
             Error::Common(CommonError::ObjectStore { .. }) => Reason::Store,
@@ -46,7 +46,7 @@ impl Reason {
         }
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Reason::BucketMissing => "bucket_missing",
             Reason::Store => "store",
@@ -59,7 +59,7 @@ impl Reason {
 
 /// The current run of failed checkpoints of one shard.
 #[derive(Debug, Default)]
-pub struct Failing {
+pub(crate) struct Failing {
     since: Option<Instant>,
     count: u64,
     logged: Option<Instant>,
@@ -67,7 +67,12 @@ pub struct Failing {
 
 impl Failing {
     /// Count and (boundedly) log a failed checkpoint; returns its reason.
-    pub fn failed(&mut self, shard: &str, snapshots: &SnapshotStore, error: &Error) -> Reason {
+    pub(crate) fn failed(
+        &mut self,
+        shard: &str,
+        snapshots: &SnapshotStore,
+        error: &Error,
+    ) -> Reason {
         let reason = Reason::of(error);
         metrics::counter!(
             CHECKPOINT_FAILURES_TOTAL,
@@ -110,7 +115,7 @@ impl Failing {
     }
 
     /// A checkpoint was recorded: ends the run of failures, if any.
-    pub fn recovered(&mut self, shard: &str, record: &CheckpointRecord) {
+    pub(crate) fn recovered(&mut self, shard: &str, record: &CheckpointRecord) {
         let Some(since) = self.since.take() else {
             return;
         };
@@ -134,7 +139,7 @@ impl Failing {
 
 /// After S3 said the bucket is gone: create it again, so that the next
 /// marker's checkpoint (a new base) can land.
-pub async fn create_bucket(shard: &str, snapshots: &SnapshotStore) {
+pub(super) async fn create_bucket(shard: &str, snapshots: &SnapshotStore) {
     let bucket = snapshots.bucket().unwrap_or_default();
     match snapshots.create_bucket().await {
         Ok(Some(Created::Yes)) => tracing::warn!(

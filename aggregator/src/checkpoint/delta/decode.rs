@@ -14,9 +14,9 @@ use crate::store::{lifetime_value, sum_key, Store};
 
 /// A decoded delta object.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Delta {
-    pub lineage: String,
-    pub changes: Changes,
+pub(crate) struct Delta {
+    pub(crate) lineage: String,
+    pub(crate) changes: Changes,
 }
 
 /// Bounds-checked reads over the object's bytes.
@@ -74,7 +74,7 @@ impl<'a> Reader<'a> {
 impl Delta {
     /// Decode format 1 or 2; any other content is an error saying where it
     /// broke.
-    pub fn decode(bytes: &[u8]) -> Result<Delta, String> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Delta, String> {
         let mut r = Reader { bytes };
         if r.take(8, "magic")? != MAGIC {
             return Err("not a delta (bad magic)".into());
@@ -152,7 +152,7 @@ impl Delta {
     }
 
     /// Write the changes into `store` in one transaction, ending at `to_seq`.
-    pub fn apply(&self, store: &Store) -> Result<(), Error> {
+    pub(crate) fn apply(&self, store: &Store) -> Result<(), Error> {
         let mut wtxn = store.write_txn()?;
         for (limit, change) in &self.changes.limits {
             if let Some((micros, tuples)) = change.lifetime {

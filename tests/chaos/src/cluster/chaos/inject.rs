@@ -86,7 +86,7 @@ async fn fetch_leaders(http: &reqwest::Client, url: &str) -> anyhow::Result<Nats
 
 /// The containers a template hits now; `None` when it cannot be drawn in
 /// the cluster's present shape (too few aggregators, a leader unknown).
-pub async fn resolve(
+pub(super) async fn resolve(
     cluster: &Cluster,
     template: &Template,
     rng: &mut StdRng,
@@ -150,7 +150,7 @@ async fn pick(
 }
 
 /// Injects one action; the container's state proves it happened.
-pub async fn inject(cluster: &Cluster, action: &Action) -> anyhow::Result<()> {
+pub(super) async fn inject(cluster: &Cluster, action: &Action) -> anyhow::Result<()> {
     match action {
         Action::Kill(s) => cluster.kill(s).await.map(drop),
         Action::Pause(s) => cluster.pause(s).await.map(drop),
@@ -171,7 +171,7 @@ pub async fn inject(cluster: &Cluster, action: &Action) -> anyhow::Result<()> {
 }
 
 /// Undoes one action and waits for the container's health check.
-pub async fn heal(cluster: &Cluster, action: &Action) -> anyhow::Result<()> {
+pub(super) async fn heal(cluster: &Cluster, action: &Action) -> anyhow::Result<()> {
     let service = match action {
         Action::Kill(s) => {
             cluster.up(s).await?;
@@ -193,7 +193,7 @@ pub async fn heal(cluster: &Cluster, action: &Action) -> anyhow::Result<()> {
 }
 
 /// Whether aggregator4 runs (scaling goes the other way from there).
-pub async fn scaled_up(cluster: &Cluster) -> bool {
+pub(super) async fn scaled_up(cluster: &Cluster) -> bool {
     cluster
         .state(SCALED)
         .await

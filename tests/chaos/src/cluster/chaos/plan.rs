@@ -8,7 +8,7 @@ use rand::Rng;
 
 /// One thing done to one container.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
+pub(super) enum Action {
     /// `docker kill`; healed by starting the container again.
     Kill(String),
     /// `docker pause`; healed by `docker unpause`.
@@ -25,14 +25,14 @@ pub enum Action {
 }
 
 impl Action {
-    pub fn target(&self) -> &str {
+    pub(super) fn target(&self) -> &str {
         match self {
             Action::Kill(s) | Action::Pause(s) | Action::Restart(s) | Action::Cut(s, _) => s,
             Action::ScaleUp | Action::ScaleDown => SCALED,
         }
     }
 
-    pub fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         match self {
             Action::Kill(s) => format!("docker kill {s}"),
             Action::Pause(s) => format!("docker pause {s}"),
@@ -45,11 +45,11 @@ impl Action {
 }
 
 /// The aggregator that scaling adds and removes.
-pub const SCALED: &str = "aggregator4";
+pub(super) const SCALED: &str = "aggregator4";
 
 /// Which container a template aims at; leaders are looked up when drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
+pub(super) enum Target {
     Aggregator,
     Limiter,
     Pacer,
@@ -62,7 +62,7 @@ pub enum Target {
 }
 
 impl Target {
-    pub fn label(self) -> String {
+    pub(super) fn label(self) -> String {
         match self {
             Target::Aggregator => "aggregator".into(),
             Target::Limiter => "limiter".into(),
@@ -79,7 +79,7 @@ impl Target {
 
 /// What is done, before the targets are resolved to containers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verb {
+pub(super) enum Verb {
     Kill,
     Pause,
     Restart,
@@ -101,7 +101,7 @@ impl Verb {
 
 /// One fault as drawn: one or two (verb, target) pairs, or a scaling step.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Template {
+pub(super) enum Template {
     One(Verb, Target),
     Two(Hit, Hit),
     ScaleUp,
@@ -110,7 +110,7 @@ pub enum Template {
 
 impl Template {
     /// The kind a report counts it under, e.g. `kill etcd leader`.
-    pub fn kind(&self) -> String {
+    pub(super) fn kind(&self) -> String {
         match self {
             Template::One(v, t) => format!("{} {}", v.label(), t.label()),
             Template::Two((v1, t1), (v2, t2)) => {
@@ -192,7 +192,7 @@ const SCALE_WEIGHT: u32 = 3;
 
 /// Draws the next fault. `scaled_up` says whether aggregator4 runs now: a
 /// scaling step goes the other way.
-pub fn draw(rng: &mut StdRng, scaled_up: bool) -> Template {
+pub(super) fn draw(rng: &mut StdRng, scaled_up: bool) -> Template {
     let single: u32 = SINGLE.iter().map(|s| s.2).sum();
     let double: u32 = DOUBLE.iter().map(|d| d.2).sum();
     let mut pick = rng.random_range(0..single + double + SCALE_WEIGHT);
@@ -218,7 +218,7 @@ pub fn draw(rng: &mut StdRng, scaled_up: bool) -> Template {
 /// How long a fault stays before it is healed. Anything that should cost
 /// an aggregator its lease stays well past the TTL, so a failover (not a
 /// pause) is what gets measured.
-pub fn hold(rng: &mut StdRng, verb: Verb, target: Target, ttl: Duration) -> Duration {
+pub(super) fn hold(rng: &mut StdRng, verb: Verb, target: Target, ttl: Duration) -> Duration {
     let mut ms = |lo: u64, hi: u64| Duration::from_millis(rng.random_range(lo..=hi));
     match (verb, target) {
         (Verb::Restart, _) => Duration::ZERO,

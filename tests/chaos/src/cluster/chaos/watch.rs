@@ -100,7 +100,7 @@ impl State {
 }
 
 /// The sampler, running until [`Watch::finish`].
-pub struct Watch {
+pub(super) struct Watch {
     state: Arc<Mutex<State>>,
     cancel: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -108,7 +108,7 @@ pub struct Watch {
 
 impl Watch {
     /// Watches the pacer at `url` through `http`.
-    pub fn start(cluster: Arc<Cluster>, url: &str, http: reqwest::Client) -> Watch {
+    pub(super) fn start(cluster: Arc<Cluster>, url: &str, http: reqwest::Client) -> Watch {
         let state = Arc::new(Mutex::new(State {
             pacer: (url.to_owned(), http),
             ..State::default()
@@ -127,7 +127,7 @@ impl Watch {
 
     /// Watch another pacer from now on (the usual one is under a fault),
     /// forgetting the values seen, which belonged to another process.
-    pub fn switch_pacer(&self, url: &str, http: reqwest::Client) {
+    pub(super) fn switch_pacer(&self, url: &str, http: reqwest::Client) {
         let mut state = self.state.lock().unwrap();
         state.pacer = (url.to_owned(), http);
         state.lifetime.clear();
@@ -137,18 +137,18 @@ impl Watch {
         }
     }
 
-    pub fn open_window(&self) {
+    pub(super) fn open_window(&self) {
         self.state.lock().unwrap().window = Some((Instant::now(), WindowResult::default()));
     }
 
-    pub fn close_window(&self) -> WindowResult {
+    pub(super) fn close_window(&self) -> WindowResult {
         let mut state = self.state.lock().unwrap();
         state.widen();
         state.window.take().map(|(_, w)| w).unwrap_or_default()
     }
 
     /// Partition → (applied seq, checkpoint seq) now, to wait for progress past.
-    pub fn marks(&self) -> BTreeMap<u32, (u64, u64)> {
+    pub(super) fn marks(&self) -> BTreeMap<u32, (u64, u64)> {
         let state = self.state.lock().unwrap();
         state
             .partitions
@@ -158,7 +158,7 @@ impl Watch {
     }
 
     /// Partitions that have not both applied and checkpointed past `marks`.
-    pub fn behind(&self, marks: &BTreeMap<u32, (u64, u64)>) -> Vec<u32> {
+    pub(super) fn behind(&self, marks: &BTreeMap<u32, (u64, u64)>) -> Vec<u32> {
         let state = self.state.lock().unwrap();
         marks
             .iter()
@@ -172,13 +172,13 @@ impl Watch {
             .collect()
     }
 
-    pub fn partitions(&self) -> usize {
+    pub(super) fn partitions(&self) -> usize {
         self.state.lock().unwrap().partitions.len()
     }
 
     /// Stops sampling; returns the samples taken, every violation seen and
     /// every etcd read answered from behind.
-    pub async fn finish(self) -> (u64, Vec<String>, Vec<String>) {
+    pub(super) async fn finish(self) -> (u64, Vec<String>, Vec<String>) {
         self.cancel.cancel();
         for task in self.tasks {
             let _ = task.await;

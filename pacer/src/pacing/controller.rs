@@ -6,15 +6,15 @@
 /// Tuning of the controller; steps are per minute of elapsed time.
 #[derive(Clone, Copy, Debug)]
 pub struct Gains {
-    pub kp: f64,
-    pub ki: f64,
-    pub kr: f64,
+    pub(crate) kp: f64,
+    pub(crate) ki: f64,
+    pub(crate) kr: f64,
     /// Largest increase of the multiplier per minute (LinkedIn-style ±10%).
-    pub max_up_per_min: f64,
+    pub(crate) max_up_per_min: f64,
     /// Largest decrease per minute: over-pacing is corrected faster.
-    pub max_down_per_min: f64,
+    pub(crate) max_down_per_min: f64,
     /// Extra gain on corrections downwards.
-    pub over_gain: f64,
+    pub(crate) over_gain: f64,
 }
 
 impl Default for Gains {
@@ -33,7 +33,7 @@ impl Default for Gains {
 /// Which pacing the pacer serves (`ADSPEND_PACER_ALGORITHM`): its own, or
 /// the LinkedIn-style baseline it is benchmarked against.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Algorithm {
+pub(crate) enum Algorithm {
     /// The PI controller over the learned shape, the lag guard, exhaustion
     /// at one typical event.
     #[default]
@@ -46,7 +46,7 @@ pub enum Algorithm {
 }
 
 /// One baseline step of `dt_min` minutes: the new pass-through rate.
-pub fn baseline_step(pass: f64, even_plan: f64, spent: f64, dt_min: f64) -> f64 {
+pub(crate) fn baseline_step(pass: f64, even_plan: f64, spent: f64, dt_min: f64) -> f64 {
     if spent > even_plan {
         pass * 0.9f64.powf(dt_min)
     } else {
@@ -56,19 +56,19 @@ pub fn baseline_step(pass: f64, even_plan: f64, spent: f64, dt_min: f64) -> f64 
 
 /// What the controller sees, as shares of the budget.
 #[derive(Clone, Copy, Debug)]
-pub struct Observation {
+pub(crate) struct Observation {
     /// Planned share spent by now.
-    pub plan: f64,
+    pub(crate) plan: f64,
     /// Share actually spent.
-    pub spent: f64,
+    pub(crate) spent: f64,
     /// Planned and observed spend rate, shares per minute.
-    pub plan_rate: f64,
-    pub rate: f64,
+    pub(crate) plan_rate: f64,
+    pub(crate) rate: f64,
 }
 
 #[derive(Clone, Copy, Debug)]
-pub struct Controller {
-    pub multiplier: f64,
+pub(crate) struct Controller {
+    pub(crate) multiplier: f64,
     integral: f64,
 }
 
@@ -83,7 +83,7 @@ impl Default for Controller {
 
 impl Controller {
     /// Advance by `dt_min` minutes; returns the new multiplier in [0, 1].
-    pub fn step(&mut self, obs: &Observation, dt_min: f64, gains: &Gains) -> f64 {
+    pub(crate) fn step(&mut self, obs: &Observation, dt_min: f64, gains: &Gains) -> f64 {
         if dt_min <= 0.0 {
             return self.multiplier;
         }
@@ -112,40 +112,40 @@ impl Controller {
 
 /// The lag guard's verdict for one limit.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Guard {
+pub(crate) struct Guard {
     /// Highest multiplier the lag allows.
-    pub cap: f64,
+    pub(crate) cap: f64,
     /// Most the limit can overspend if the lag stays within the measured
     /// p99: the spend already in flight beyond the remainder, plus one event.
-    pub overspend_bound: u64,
+    pub(crate) overspend_bound: u64,
 }
 
 /// What the lag guard knows of one limit.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct GuardInput {
+pub(crate) struct GuardInput {
     /// Budget left as far as the visible spend goes, micros.
-    pub remaining: u64,
+    pub(crate) remaining: u64,
     /// Spend rate as it arrives now, micros per ms: served about one lag
     /// ago, at `served_then`. The cap's estimate (a windowed average).
-    pub rate_per_ms: f64,
+    pub(crate) rate_per_ms: f64,
     /// The same on the high side (a recent peak), for the stated bound.
-    pub bound_rate_per_ms: f64,
+    pub(crate) bound_rate_per_ms: f64,
     /// The multiplier served one lag ago.
-    pub served_then: f64,
+    pub(crate) served_then: f64,
     /// The integral of the multiplier served over the last lag,
     /// multiplier-milliseconds: the serving whose spend is in flight.
-    pub served_over_lag: f64,
+    pub(crate) served_over_lag: f64,
     /// The integral of the multiplier served over the longest lag seen
     /// (at least the last lag): what the stated bound counts as in flight.
-    pub served_over_max_lag: f64,
+    pub(crate) served_over_max_lag: f64,
     /// The measured p99 freshness lag, ms.
-    pub lag_ms: f64,
+    pub(crate) lag_ms: f64,
     /// Cost of a typical event, micros: the guard aims to leave half of
     /// one, so that serving goes on until the remainder cannot pay one
     /// (exhausted) rather than stalling just above it.
-    pub typical_cost: f64,
+    pub(crate) typical_cost: f64,
     /// The largest single event seen, micros.
-    pub max_cost: u64,
+    pub(crate) max_cost: u64,
 }
 
 /// The guard estimates the spend in flight, served within the last lag but
@@ -161,7 +161,7 @@ pub struct GuardInput {
 /// remainder (estimated at `bound_rate_per_ms`, the high side, over the
 /// longest lag seen) plus one event that is already committed when the
 /// last visible sum arrives.
-pub fn lag_guard(input: GuardInput) -> Guard {
+pub(crate) fn lag_guard(input: GuardInput) -> Guard {
     let full_rate = input.rate_per_ms / input.served_then.max(0.05);
     let in_flight = full_rate * input.served_over_lag.max(0.0);
     let next_lag = full_rate * input.lag_ms.max(0.0);

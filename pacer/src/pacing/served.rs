@@ -28,7 +28,7 @@ const STEPS_KEPT: usize = 128;
 const EPSILON: f64 = 1e-3;
 
 #[derive(Debug, Default)]
-pub struct Served {
+pub(crate) struct Served {
     /// (from unix ms, multiplier), in time order; each holds until the next.
     steps: VecDeque<(i64, f64)>,
     /// Older steps were dropped: before the first kept step, its multiplier
@@ -55,7 +55,7 @@ impl Clone for Served {
 impl Served {
     /// A decision answered with `multiplier` (decisions hold the state
     /// shared, hence the atomic).
-    pub fn note(&self, multiplier: f64) {
+    pub(crate) fn note(&self, multiplier: f64) {
         let bits = multiplier.clamp(0.0, 1.0).to_bits();
         self.answered.fetch_max(bits, Relaxed);
     }
@@ -66,7 +66,7 @@ impl Served {
 
     /// The tick at `now_ms`: the interval since the last tick was served at
     /// up to the largest multiplier answered in it; `multiplier` from now.
-    pub fn record(&mut self, now_ms: i64, multiplier: f64) {
+    pub(crate) fn record(&mut self, now_ms: i64, multiplier: f64) {
         let answered = f64::from_bits(self.answered.swap(0, Relaxed));
         if self.recorded_ms > 0 && answered > self.at(self.recorded_ms, 0.0) + EPSILON {
             self.push(self.recorded_ms, answered);
@@ -103,7 +103,7 @@ impl Served {
 
     /// The multiplier in force at `t_ms`; `before` ahead of the first step
     /// (what was served before anything was recorded).
-    pub fn at(&self, t_ms: i64, before: f64) -> f64 {
+    pub(crate) fn at(&self, t_ms: i64, before: f64) -> f64 {
         let before = self.before(before);
         self.steps_and_tail()
             .rev()
@@ -133,7 +133,7 @@ impl Served {
 
     /// The integral of the multiplier over `[from_ms, to_ms]`, in
     /// multiplier-milliseconds; `before` ahead of the first step.
-    pub fn integral(&self, from_ms: i64, to_ms: i64, before: f64) -> f64 {
+    pub(crate) fn integral(&self, from_ms: i64, to_ms: i64, before: f64) -> f64 {
         if to_ms <= from_ms {
             return 0.0;
         }

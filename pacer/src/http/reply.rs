@@ -26,7 +26,7 @@ struct ApiError {
 }
 
 /// A JSON error response.
-pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
+pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (
         status,
         Json(ApiError {
@@ -38,7 +38,7 @@ pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
 
 /// [`Json`] whose rejections (400 malformed, 413 too large, 415 not JSON,
 /// 422 wrong shape) are JSON errors.
-pub struct ApiJson<T>(pub T);
+pub(super) struct ApiJson<T>(pub T);
 
 impl<S, T> FromRequest<S> for ApiJson<T>
 where
@@ -60,7 +60,7 @@ fn json_rejection(rejection: &JsonRejection) -> Response {
 }
 
 /// [`axum::extract::Query`] with JSON rejections.
-pub struct ApiQuery<T>(pub T);
+pub(super) struct ApiQuery<T>(pub T);
 
 impl<S, T> FromRequestParts<S> for ApiQuery<T>
 where
@@ -78,7 +78,7 @@ where
 }
 
 /// [`axum::extract::Path`] with JSON rejections.
-pub struct ApiPath<T>(pub T);
+pub(super) struct ApiPath<T>(pub T);
 
 impl<S, T> FromRequestParts<S> for ApiPath<T>
 where
@@ -96,7 +96,7 @@ where
 }
 
 /// Router fallback: no such endpoint.
-pub async fn not_found(uri: Uri) -> Response {
+pub(super) async fn not_found(uri: Uri) -> Response {
     error(
         StatusCode::NOT_FOUND,
         format!("no such endpoint: {}", uri.path()),
@@ -104,7 +104,7 @@ pub async fn not_found(uri: Uri) -> Response {
 }
 
 /// A known path with another method (axum adds the `Allow` header).
-pub async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+pub(super) async fn method_not_allowed(method: Method, uri: Uri) -> Response {
     error(
         StatusCode::METHOD_NOT_ALLOWED,
         format!("{method} is not allowed on {}", uri.path()),
@@ -116,7 +116,7 @@ const MESSAGE_MAX: usize = 1024;
 
 /// Rewrites an error response that is not JSON into the contract's JSON
 /// error, keeping its status and headers (`Allow`, `WWW-Authenticate`).
-pub async fn json_errors(req: Request, next: Next) -> Response {
+pub(super) async fn json_errors(req: Request, next: Next) -> Response {
     let response = next.run(req).await;
     let status = response.status();
     if !(status.is_client_error() || status.is_server_error()) || is_json(&response) {

@@ -15,7 +15,7 @@ use tokio::sync::{watch, RwLock};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
-use crate::state::{Applied, SpendState};
+use crate::pacing::state::{Applied, SpendState};
 use crate::telemetry::{
     PACER_FRESHNESS_SECONDS, PACER_LAG_SECONDS, PACER_RESYNCS_TOTAL, PACER_STALE_UPDATES_TOTAL,
     PACER_UPDATES_TOTAL,
@@ -26,7 +26,9 @@ const RESYNC_MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// started after our first request).
 const SILENCE: Duration = Duration::from_secs(3);
 
-pub async fn subscribe(client: &async_nats::Client) -> Result<async_nats::Subscriber, Error> {
+pub(crate) async fn subscribe(
+    client: &async_nats::Client,
+) -> Result<async_nats::Subscriber, Error> {
     let subject = format!("{SUMS_SUBJECT_PREFIX}.>");
     client
         .subscribe(subject.clone())
@@ -34,7 +36,7 @@ pub async fn subscribe(client: &async_nats::Client) -> Result<async_nats::Subscr
         .map_err(|source| Error::Subscribe { subject, source })
 }
 
-pub async fn run(
+pub(crate) async fn run(
     client: async_nats::Client,
     mut pushes: async_nats::Subscriber,
     state: Arc<RwLock<SpendState>>,
@@ -128,7 +130,7 @@ mod tests {
     use adspend_wire::codec::{decode_push, encode_sums};
     use adspend_wire::types::{SumEntry, SumsUpdate};
 
-    use crate::state::SpendState;
+    use crate::pacing::state::SpendState;
 
     fn push(push_seq: u64, watermark_ms: i64, source_ms: i64) -> SumsUpdate {
         SumsUpdate {

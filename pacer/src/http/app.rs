@@ -6,8 +6,8 @@ use std::sync::Arc;
 use adspend_wire::catalog::Catalog;
 use tokio::sync::{watch, RwLock};
 
-use crate::sources::SourceReports;
-use crate::state::SpendState;
+use crate::input::sources::SourceReports;
+use crate::pacing::state::SpendState;
 
 #[derive(Clone)]
 pub struct AppState {

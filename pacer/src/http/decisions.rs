@@ -26,9 +26,9 @@ use chrono::Utc;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Serialize;
 
-use crate::app::AppState;
+use crate::http::app::AppState;
+use crate::http::reply::error;
 use crate::pacing::{decide_counted, Decision};
-use crate::reply::error;
 use crate::telemetry::{DECISIONS_TOTAL, PACER_HTTP_REFUSED_TOTAL};
 use adspend_common::env::PACER_MAX_DECISION_IDS;
 

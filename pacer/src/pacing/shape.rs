@@ -3,7 +3,7 @@
 //! been seen. Plans follow it so that budgets are spent when the traffic is.
 
 /// 15-minute slots of the local day.
-pub const SLOTS: usize = 96;
+pub(crate) const SLOTS: usize = 96;
 const SLOT_MS: f64 = 86_400_000.0 / SLOTS as f64;
 /// Arrivals after which the learned shape gets its full weight.
 const CONFIDENT_AFTER: f64 = 50_000.0;
@@ -35,7 +35,7 @@ impl TrafficShape {
     }
 
     /// Forget old traffic gradually (called periodically).
-    pub fn decay(&mut self, factor: f64) {
+    pub(crate) fn decay(&mut self, factor: f64) {
         for s in &mut self.slots {
             *s *= factor;
         }
@@ -62,14 +62,14 @@ impl TrafficShape {
 
     /// Planned share of the budget spent by day fraction `f`: blended, so
     /// monotonic, 0 at the start and 1 at the end.
-    pub fn plan_fraction(&self, f: f64) -> f64 {
+    pub(crate) fn plan_fraction(&self, f: f64) -> f64 {
         let f = f.clamp(0.0, 1.0);
         let w = self.weight();
         w * self.learned_cumulative(f) + (1.0 - w) * f
     }
 
     /// Planned share of the budget per unit of day fraction at `f`.
-    pub fn plan_density(&self, f: f64) -> f64 {
+    pub(crate) fn plan_density(&self, f: f64) -> f64 {
         let w = self.weight();
         let learned = if self.total > 0.0 {
             let slot = ((f.clamp(0.0, 1.0) * SLOTS as f64) as usize).min(SLOTS - 1);

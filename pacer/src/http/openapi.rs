@@ -7,7 +7,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
 /// The document, as kept in the repository.
-pub(crate) const DOCUMENT: &str = include_str!("../openapi.json");
+pub(crate) const DOCUMENT: &str = include_str!("../../openapi.json");
 
 pub(crate) async fn document() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], DOCUMENT).into_response()
@@ -25,9 +25,9 @@ mod tests {
     use tokio::sync::{watch, RwLock};
 
     use super::DOCUMENT;
-    use crate::api::{self, AppState};
-    use crate::auth::Auth;
-    use crate::state::SpendState;
+    use crate::http::api::{self, AppState};
+    use crate::http::auth::Auth;
+    use crate::pacing::state::SpendState;
 
     const READ: &str = "read-token-0123456789abcdef";
     const DECIDE: &str = "decide-token-0123456789abcdef";

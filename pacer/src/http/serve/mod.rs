@@ -35,16 +35,16 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::reply::error;
+use crate::http::reply::error;
 use crate::telemetry::PACER_HTTP_REFUSED_TOTAL;
 
 mod deadlines;
 mod per_addr;
 pub(crate) mod tls;
 
-pub use self::deadlines::Deadlines;
+pub(crate) use self::deadlines::Deadlines;
 use self::per_addr::PerAddr;
-pub use self::tls::Conn;
+pub(crate) use self::tls::Conn;
 use self::tls::TlsAcceptor;
 
 /// Limits of one HTTP listener.

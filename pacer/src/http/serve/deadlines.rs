@@ -65,7 +65,7 @@ impl HeadScan {
 
 /// A connection with the deadlines of the module docs, holding its place
 /// under the connection cap until dropped.
-pub struct Deadlines<T> {
+pub(crate) struct Deadlines<T> {
     inner: T,
     _permit: Option<OwnedSemaphorePermit>,
     _slot: Option<AddrSlot>,

@@ -13,14 +13,14 @@ use serde_json::Value;
 use adspend_wire::lease::LeaseId;
 use adspend_wire::types::MAX_ID_LEN;
 
-use super::Ask;
-use crate::app::AppState;
-use crate::reply::{error, ApiJson, ApiPath};
+use crate::http::app::AppState;
+use crate::http::reply::{error, ApiJson, ApiPath};
+use crate::leases::Ask;
 
 /// Shortest and longest lease, and the default (CONTRACT.md).
-pub const MIN_TTL_MS: u64 = 1_000;
-pub const MAX_TTL_MS: u64 = 600_000;
-pub const DEFAULT_TTL_MS: u64 = 30_000;
+pub(super) const MIN_TTL_MS: u64 = 1_000;
+pub(super) const MAX_TTL_MS: u64 = 600_000;
+pub(super) const DEFAULT_TTL_MS: u64 = 30_000;
 
 /// The request as sent; every field is checked by hand so that an error
 /// can name it.
@@ -37,12 +37,12 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::E
 }
 
 #[derive(Serialize, Debug, PartialEq)]
-pub struct Granted {
-    pub ad_id: String,
+pub(super) struct Granted {
+    pub(crate) ad_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub lease_id: Option<String>,
-    pub granted_micros: u64,
-    pub expires_at_ms: i64,
+    pub(crate) lease_id: Option<String>,
+    pub(crate) granted_micros: u64,
+    pub(crate) expires_at_ms: i64,
 }
 
 #[derive(Serialize)]

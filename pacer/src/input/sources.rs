@@ -20,12 +20,12 @@ use tokio_util::sync::CancellationToken;
 use crate::error::Error;
 
 /// A report is stale when this many of its intervals passed without another.
-pub const STALE_INTERVALS: u64 = 3;
+pub(crate) const STALE_INTERVALS: u64 = 3;
 /// A report this old is dropped: its limiter is gone.
-pub const FORGET_AFTER_MS: i64 = 60_000;
+pub(crate) const FORGET_AFTER_MS: i64 = 60_000;
 /// Most limiters kept: reports beyond it are dropped (a misconfigured
 /// publisher cannot grow the pacer's memory).
-pub const MAX_LIMITERS: usize = 256;
+pub(crate) const MAX_LIMITERS: usize = 256;
 
 #[derive(Debug, Clone, PartialEq)]
 struct Received {
@@ -35,7 +35,7 @@ struct Received {
 
 /// What became of a report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Applied {
+pub(crate) enum Applied {
     /// Kept: the limiter's first, or newer than the one held.
     Kept,
     /// Older than the one held (sent before it): dropped.
@@ -66,37 +66,37 @@ struct ConsumerInput {
 
 /// One limiter's latest report as served.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LimiterView {
-    pub limiter: String,
-    pub consumer: String,
-    pub scheduling: SchedulingMode,
+pub(crate) struct LimiterView {
+    pub(crate) limiter: String,
+    pub(crate) consumer: String,
+    pub(crate) scheduling: SchedulingMode,
     /// When the limiter sent the report (its clock), unix ms.
-    pub ts_ms: i64,
+    pub(crate) ts_ms: i64,
     /// When the pacer received it (its clock), unix ms.
-    pub received_ms: i64,
+    pub(crate) received_ms: i64,
     /// Since it was received, ms.
-    pub age_ms: i64,
+    pub(crate) age_ms: i64,
     /// No newer report for [`STALE_INTERVALS`] intervals: the limiter may
     /// have stopped; the numbers are as of `ts_ms`.
-    pub stale: bool,
-    pub interval_ms: u64,
-    pub window_ms: u64,
-    pub intervening: bool,
+    pub(crate) stale: bool,
+    pub(crate) interval_ms: u64,
+    pub(crate) window_ms: u64,
+    pub(crate) intervening: bool,
     /// By source name.
-    pub sources: Vec<SourceReport>,
+    pub(crate) sources: Vec<SourceReport>,
 }
 
 /// `GET /v1/sources`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SourcesView {
+pub(crate) struct SourcesView {
     /// By limiter name.
-    pub limiters: Vec<LimiterView>,
-    pub stale_intervals: u64,
+    pub(crate) limiters: Vec<LimiterView>,
+    pub(crate) stale_intervals: u64,
 }
 
 impl SourceReports {
     /// Keep `report` as its limiter's latest, received at `now_ms`.
-    pub fn apply(&mut self, report: SourcesReport, now_ms: i64) -> Applied {
+    pub(crate) fn apply(&mut self, report: SourcesReport, now_ms: i64) -> Applied {
         self.forget_old(now_ms);
         match self.latest.get(&report.limiter) {
             Some(held) if report.ts_ms < held.report.ts_ms => return Applied::Older,
@@ -134,7 +134,7 @@ impl SourceReports {
     /// stuck, cut off or gone with none to take over), the time since its
     /// last report on top. Spend waiting there reaches no aggregator, which
     /// therefore looks caught up: only this tells the pacer that it is not.
-    pub fn input_lag_ms(&self, now_ms: i64) -> i64 {
+    pub(crate) fn input_lag_ms(&self, now_ms: i64) -> i64 {
         self.consumers
             .values()
             .map(|c| {
@@ -153,7 +153,7 @@ impl SourceReports {
 
     /// Every limiter's latest report as of `now_ms`, stale ones marked,
     /// forgotten ones left out.
-    pub fn view(&mut self, now_ms: i64) -> SourcesView {
+    pub(crate) fn view(&mut self, now_ms: i64) -> SourcesView {
         self.forget_old(now_ms);
         let mut limiters: Vec<LimiterView> = self
             .latest
@@ -186,7 +186,9 @@ impl SourceReports {
     }
 }
 
-pub async fn subscribe(client: &async_nats::Client) -> Result<async_nats::Subscriber, Error> {
+pub(crate) async fn subscribe(
+    client: &async_nats::Client,
+) -> Result<async_nats::Subscriber, Error> {
     client
         .subscribe(SOURCES_SUBJECT)
         .await
@@ -197,7 +199,7 @@ pub async fn subscribe(client: &async_nats::Client) -> Result<async_nats::Subscr
 }
 
 /// Fold the reports into `store` until `cancel`.
-pub async fn run(
+pub(crate) async fn run(
     mut reports: async_nats::Subscriber,
     store: Arc<Mutex<SourceReports>>,
     cancel: CancellationToken,

@@ -17,23 +17,23 @@ use std::sync::Arc;
 
 use adspend_wire::types::{SumsUpdate, LIFETIME_BUCKET};
 
-use crate::controller::{Algorithm, Controller};
-use crate::shape::TrafficShape;
+use crate::pacing::controller::{Algorithm, Controller};
+use crate::pacing::shape::TrafficShape;
 
 /// Buckets kept per limit: today in any zone plus a little history.
 const BUCKETS_KEPT: usize = 4;
 
 #[derive(Debug, Default, Clone)]
-pub struct LimitSums {
-    pub lifetime_micros: u64,
-    pub buckets: BTreeMap<u32, u64>,
-    pub seq: u64,
-    pub shard: Option<Arc<str>>,
+pub(crate) struct LimitSums {
+    pub(crate) lifetime_micros: u64,
+    pub(crate) buckets: BTreeMap<u32, u64>,
+    pub(crate) seq: u64,
+    pub(crate) shard: Option<Arc<str>>,
     /// Smoothed lifetime spend rate, micros per millisecond.
-    pub rate_per_ms: f64,
+    pub(crate) rate_per_ms: f64,
     /// Recent peak of the spend rate (decays slowly): what the stated
     /// overspend bound assumes, since traffic can rise within the lag.
-    pub peak_rate_per_ms: f64,
+    pub(crate) peak_rate_per_ms: f64,
     /// Spend over the last `RATE_WINDOW_MS` or so (exponentially weighted),
     /// per ms, as of `last_change_ms`: the rate the lag guard caps with. A
     /// peak of single-push samples reads a burst of two events in 50 ms as
@@ -41,42 +41,42 @@ pub struct LimitSums {
     /// budget for spend that is not in flight.
     windowed_rate_per_ms: f64,
     last_change_ms: i64,
-    pub lifetime_events: u64,
+    pub(crate) lifetime_events: u64,
     /// Smoothed cost of one event, micros.
-    pub avg_cost: f64,
+    pub(crate) avg_cost: f64,
     /// Largest average event cost seen in one push, micros.
-    pub max_cost: u64,
+    pub(crate) max_cost: u64,
 }
 
 impl LimitSums {
     /// The windowed spend rate at `now_ms`, micros per ms: it decays while
     /// no spend arrives.
-    pub fn windowed_rate(&self, now_ms: i64) -> f64 {
+    pub(crate) fn windowed_rate(&self, now_ms: i64) -> f64 {
         let quiet = (now_ms - self.last_change_ms).max(0) as f64;
         self.windowed_rate_per_ms * (-quiet / RATE_WINDOW_MS).exp()
     }
 }
 
 #[derive(Debug, Default, Clone)]
-pub struct ShardState {
-    pub epoch: u64,
-    pub push_seq: u64,
-    pub seq: u64,
-    pub watermark_ms: i64,
+pub(crate) struct ShardState {
+    pub(crate) epoch: u64,
+    pub(crate) push_seq: u64,
+    pub(crate) seq: u64,
+    pub(crate) watermark_ms: i64,
     /// Freshness: arrival time minus the earliest source time (the JetStream
     /// publish time or the impression `ts`, whichever is older).
-    pub lag_ms: i64,
+    pub(crate) lag_ms: i64,
     /// When the last accepted push (heartbeats included) arrived, unix ms.
-    pub updated_ms: i64,
+    pub(crate) updated_ms: i64,
     /// Stale as of the last tick: turns a change into one log line.
-    pub reported_stale: bool,
+    pub(crate) reported_stale: bool,
 }
 
 /// Freshness samples (arrival minus source time) over a window, and
 /// their p99, recomputed at most once a second as samples arrive: the lag
 /// guard reads it for every limit of every decision, so reading must not sort.
 #[derive(Debug, Default)]
-pub struct LagWindow {
+pub(crate) struct LagWindow {
     samples: VecDeque<(i64, i64)>,
     p99_ms: i64,
     /// The largest sample in the window (raised at once by a larger sample,
@@ -88,12 +88,12 @@ pub struct LagWindow {
 
 const LAG_WINDOW_MS: i64 = 300_000;
 /// Time constant of a limit's windowed spend rate.
-pub const RATE_WINDOW_MS: f64 = 2_000.0;
+pub(crate) const RATE_WINDOW_MS: f64 = 2_000.0;
 const LAG_SAMPLES: usize = 10_000;
 const LAG_P99_EVERY_MS: i64 = 1_000;
 
 impl LagWindow {
-    pub fn record(&mut self, now_ms: i64, lag_ms: i64) {
+    pub(crate) fn record(&mut self, now_ms: i64, lag_ms: i64) {
         self.samples.push_back((now_ms, lag_ms.max(0)));
         self.max_ms = self.max_ms.max(lag_ms);
         while self
@@ -113,14 +113,14 @@ impl LagWindow {
 
     /// p99 of the window's samples (the last five minutes, at most 10,000
     /// of them) as of the last recomputation; 0 with none.
-    pub fn p99(&self) -> i64 {
+    pub(crate) fn p99(&self) -> i64 {
         self.p99_ms
     }
 
     /// The largest sample of the window; 0 with none. The stated overspend
     /// bound reads spend as in flight for this long: a bound read over the
     /// p99 is broken by the 1% of spend that arrives later.
-    pub fn max(&self) -> i64 {
+    pub(crate) fn max(&self) -> i64 {
         self.max_ms
     }
 
@@ -136,46 +136,46 @@ impl LagWindow {
 
 /// A point of a limit's history, for the dashboard.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct Point {
-    pub t: i64,
-    pub spend_micros: u64,
-    pub plan_micros: u64,
-    pub multiplier: f64,
+pub(crate) struct Point {
+    pub(crate) t: i64,
+    pub(crate) spend_micros: u64,
+    pub(crate) plan_micros: u64,
+    pub(crate) multiplier: f64,
 }
 
 /// Per-limit pacing state the tick maintains.
 #[derive(Debug, Default, Clone)]
-pub struct Pacing {
-    pub controller: Controller,
+pub(crate) struct Pacing {
+    pub(crate) controller: Controller,
     /// Period bucket the controller is running for; a new period resets it.
-    pub bucket: u32,
-    pub history: Vec<Point>,
+    pub(crate) bucket: u32,
+    pub(crate) history: Vec<Point>,
     /// The multipliers served, for the lag guard's in-flight estimate.
-    pub served: crate::served::Served,
+    pub(crate) served: crate::pacing::served::Served,
 }
 
 /// How long a shard may go without an accepted push before its limits are
 /// stale (`ADSPEND_PACER_STALE_AFTER_MS`).
-pub const DEFAULT_STALE_AFTER_MS: i64 = 30_000;
+pub(crate) const DEFAULT_STALE_AFTER_MS: i64 = 30_000;
 
 #[derive(Debug)]
 pub struct SpendState {
-    pub limits: HashMap<String, LimitSums>,
-    pub shards: HashMap<Arc<str>, ShardState>,
-    pub lag: LagWindow,
+    pub(crate) limits: HashMap<String, LimitSums>,
+    pub(crate) shards: HashMap<Arc<str>, ShardState>,
+    pub(crate) lag: LagWindow,
     pub shape: TrafficShape,
-    pub pacing: HashMap<Arc<str>, Pacing>,
+    pub(crate) pacing: HashMap<Arc<str>, Pacing>,
     /// A shard with no accepted push for longer than this is stale.
-    pub stale_after_ms: i64,
+    pub(crate) stale_after_ms: i64,
     /// When the pacer started listening for pushes (unix ms): with no shard
     /// heard from at all, every limit is stale once this is `stale_after_ms`
     /// old. `None` (tests, benches): never stale for want of any shard.
-    pub listening_since_ms: Option<i64>,
+    pub(crate) listening_since_ms: Option<i64>,
     /// The pacing served (`ADSPEND_PACER_ALGORITHM`).
-    pub algorithm: Algorithm,
+    pub(crate) algorithm: Algorithm,
     /// How far behind the limiters' input is, ms (set every tick from
-    /// their reports, [`crate::sources::SourceReports::input_lag_ms`]).
-    pub input_lag_ms: i64,
+    /// their reports, [`crate::input::sources::SourceReports::input_lag_ms`]).
+    pub(crate) input_lag_ms: i64,
 }
 
 impl Default for SpendState {
@@ -294,7 +294,7 @@ impl SpendState {
 
     /// Watermark for a limit: its shard's, or the oldest of all shards when
     /// the limit has had no spend yet.
-    pub fn watermark_ms(&self, limit: Option<&LimitSums>) -> Option<i64> {
+    pub(crate) fn watermark_ms(&self, limit: Option<&LimitSums>) -> Option<i64> {
         let shard = limit
             .and_then(|l| l.shard.as_ref())
             .and_then(|s| self.shards.get(s));
@@ -304,18 +304,14 @@ impl SpendState {
         }
     }
 
-    pub fn lag_ms(&self) -> i64 {
-        self.shards.values().map(|s| s.lag_ms).max().unwrap_or(0)
-    }
-
     /// No push from the shard's owner accepted for longer than `stale_after_ms`.
-    pub fn shard_stale(&self, shard: &ShardState, now_ms: i64) -> bool {
+    pub(crate) fn shard_stale(&self, shard: &ShardState, now_ms: i64) -> bool {
         now_ms - shard.updated_ms > self.stale_after_ms
     }
 
     /// How old the newest spend the shard's sums may lack is, from now (as
     /// [`Self::staleness_ms`]).
-    pub fn shard_staleness_ms(&self, shard: &ShardState, now_ms: i64) -> i64 {
+    pub(crate) fn shard_staleness_ms(&self, shard: &ShardState, now_ms: i64) -> i64 {
         (now_ms - shard.watermark_ms).max(0).max(self.input_lag_ms)
     }
 
@@ -323,7 +319,7 @@ impl SpendState {
     /// measured from now: the later of its watermark (which stops while
     /// its shard is behind or silent) and the limiters' input lag (spend
     /// waiting before any aggregator, which then looks caught up).
-    pub fn staleness_ms(&self, limit: Option<&LimitSums>, now_ms: i64) -> i64 {
+    pub(crate) fn staleness_ms(&self, limit: Option<&LimitSums>, now_ms: i64) -> i64 {
         let behind = self.watermark_ms(limit).map_or(0, |w| (now_ms - w).max(0));
         behind.max(self.input_lag_ms)
     }
@@ -336,7 +332,7 @@ impl SpendState {
     /// it from any shard (as its watermark is the oldest of all), so it is
     /// stale when any shard is, or when none has pushed since the pacer
     /// started listening `stale_after_ms` ago.
-    pub fn limit_stale(&self, limit: Option<&LimitSums>, now_ms: i64) -> bool {
+    pub(crate) fn limit_stale(&self, limit: Option<&LimitSums>, now_ms: i64) -> bool {
         if self.staleness_ms(limit, now_ms) > self.stale_after_ms {
             return true;
         }
@@ -352,14 +348,9 @@ impl SpendState {
         }
     }
 
-    /// The limiters' input has waited for longer than `stale_after_ms`.
-    pub fn input_stale(&self) -> bool {
-        self.input_lag_ms > self.stale_after_ms
-    }
-
     /// Take the limiters' input lag (every tick), logging once when it
     /// passes the stale threshold and once when it is back under.
-    pub fn set_input_lag(&mut self, input_lag_ms: i64) {
+    pub(crate) fn set_input_lag(&mut self, input_lag_ms: i64) {
         let was = self.input_lag_ms > self.stale_after_ms;
         let is = input_lag_ms > self.stale_after_ms;
         if is && !was {
@@ -376,7 +367,7 @@ impl SpendState {
 
     /// Record which shards are stale at `now_ms`, logging each change once;
     /// returns how many are.
-    pub fn mark_stale_shards(&mut self, now_ms: i64) -> usize {
+    pub(crate) fn mark_stale_shards(&mut self, now_ms: i64) -> usize {
         let after_ms = self.stale_after_ms;
         let mut stale = 0;
         for (name, shard) in &mut self.shards {

@@ -24,20 +24,20 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use crate::reply::error;
+use crate::http::reply::error;
 use crate::telemetry::PACER_HTTP_REFUSED_TOTAL;
 
 /// The shortest token accepted: a guessable token is no protection.
-pub const MIN_TOKEN_LEN: usize = 16;
+pub(crate) const MIN_TOKEN_LEN: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
+pub(crate) enum Scope {
     Read,
     Decide,
 }
 
 impl Scope {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Scope::Read => "read",
             Scope::Decide => "decide",
@@ -64,15 +64,15 @@ impl std::fmt::Debug for Auth {
 /// Why a token list does not parse; names the entry by position, never by
 /// content.
 #[derive(Debug, PartialEq, Eq)]
-pub struct BadToken {
-    pub position: usize,
-    pub reason: &'static str,
+pub(crate) struct BadToken {
+    pub(crate) position: usize,
+    pub(crate) reason: &'static str,
 }
 
 /// Parse a comma-separated token list (blanks around entries and empty
 /// entries ignored). Tokens are RFC 6750 `b64token`s of at least
 /// [`MIN_TOKEN_LEN`] characters.
-pub fn parse_tokens(list: &str) -> Result<Vec<String>, BadToken> {
+pub(crate) fn parse_tokens(list: &str) -> Result<Vec<String>, BadToken> {
     let mut tokens = Vec::new();
     for (i, token) in list
         .split(',')
@@ -105,7 +105,7 @@ pub fn parse_tokens(list: &str) -> Result<Vec<String>, BadToken> {
 
 /// Why a request is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// No `Authorization: Bearer` header.
     Missing,
     /// A bearer token that is in neither list (or a malformed header).
@@ -128,7 +128,7 @@ impl Auth {
     }
 
     /// Whether `scope` needs a token at all.
-    pub fn required(&self, scope: Scope) -> bool {
+    pub(crate) fn required(&self, scope: Scope) -> bool {
         !self.tokens(scope).is_empty()
     }
 
@@ -140,7 +140,7 @@ impl Auth {
     }
 
     /// May a request with these headers use `scope`?
-    pub fn check(&self, scope: Scope, headers: &HeaderMap) -> Result<(), Refusal> {
+    pub(crate) fn check(&self, scope: Scope, headers: &HeaderMap) -> Result<(), Refusal> {
         if !self.required(scope) {
             return Ok(());
         }
@@ -197,12 +197,12 @@ fn constant_time_eq(presented: &[u8], expected: &[u8]) -> bool {
 }
 
 /// Route layer of the read endpoints.
-pub async fn require_read(State(auth): State<Auth>, req: Request, next: Next) -> Response {
+pub(crate) async fn require_read(State(auth): State<Auth>, req: Request, next: Next) -> Response {
     require(&auth, Scope::Read, req, next).await
 }
 
 /// Route layer of the decisions endpoint.
-pub async fn require_decide(State(auth): State<Auth>, req: Request, next: Next) -> Response {
+pub(crate) async fn require_decide(State(auth): State<Auth>, req: Request, next: Next) -> Response {
     require(&auth, Scope::Decide, req, next).await
 }
 
@@ -215,7 +215,7 @@ async fn require(auth: &Auth, scope: Scope, req: Request, next: Next) -> Respons
 
 /// 401 (no or unknown token) or 403 (the other scope's token), with the
 /// `WWW-Authenticate` challenge of RFC 6750.
-pub fn refused(scope: Scope, refusal: Refusal) -> Response {
+pub(crate) fn refused(scope: Scope, refusal: Refusal) -> Response {
     let scope = scope.as_str();
     let (status, reason, message, challenge) = match refusal {
         Refusal::Missing => (

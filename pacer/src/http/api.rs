@@ -1,9 +1,9 @@
 //! The HTTP API of CONTRACT.md, the dashboard and the operational endpoints.
 //!
-//! Routes by scope ([`crate::auth`]): the read endpoints and the decisions
+//! Routes by scope ([`crate::http::auth`]): the read endpoints and the decisions
 //! endpoint behind their token checks, the dashboard page, `/healthz` and
 //! `/metrics` open, and the OpenAPI document of all of them
-//! ([`crate::openapi`]). Every error is JSON ([`crate::reply`]).
+//! ([`crate::http::openapi`]). Every error is JSON ([`crate::http::reply`]).
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
@@ -14,17 +14,17 @@ use axum::{Json, Router};
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
 
-use crate::auth::{require_decide, require_read, Auth};
+use crate::http::auth::{require_decide, require_read, Auth};
+use crate::http::reply::{error, json_errors, method_not_allowed, not_found, ApiPath, ApiQuery};
 use crate::pacing::{view, LimitView};
-use crate::reply::{error, json_errors, method_not_allowed, not_found, ApiPath, ApiQuery};
 
 /// Largest request body accepted (a decisions batch): 413 above it.
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 
-pub use crate::app::AppState;
+pub(super) use crate::http::app::AppState;
 
 /// One route: method (as the OpenAPI document spells it), path, handler.
-/// The router is built from these tables and `crate::openapi`'s test checks
+/// The router is built from these tables and `crate::http::openapi`'s test checks
 /// the document against them, so a route cannot be added to one alone.
 pub(crate) type Route<S> = (&'static str, &'static str, MethodRouter<S>);
 
@@ -35,7 +35,7 @@ pub(crate) fn read_routes() -> [Route<AppState>; 7] {
         (
             "get",
             "/v1/leases/{lease_id}",
-            get(crate::leases::read_lease),
+            get(crate::http::leases::read),
         ),
         ("get", "/v1/limits", get(list_limits)),
         ("get", "/v1/limits/{limit_id}", get(get_limit)),
@@ -48,8 +48,12 @@ pub(crate) fn read_routes() -> [Route<AppState>; 7] {
 /// Behind the decide scope.
 pub(crate) fn decide_routes() -> [Route<AppState>; 2] {
     [
-        ("post", "/v1/decisions", post(crate::decisions::decisions)),
-        ("post", "/v1/leases", post(crate::leases::grant_leases)),
+        (
+            "post",
+            "/v1/decisions",
+            post(crate::http::decisions::decisions),
+        ),
+        ("post", "/v1/leases", post(crate::http::leases::grant)),
     ]
 }
 
@@ -59,7 +63,11 @@ pub(crate) fn open_routes() -> [Route<AppState>; 4] {
         ("get", "/", get(dashboard)),
         ("get", "/dashboard/sources.js", get(dashboard_sources)),
         ("get", "/dashboard/alerts.js", get(dashboard_alerts)),
-        ("get", "/v1/openapi.json", get(crate::openapi::document)),
+        (
+            "get",
+            "/v1/openapi.json",
+            get(crate::http::openapi::document),
+        ),
     ]
 }
 
@@ -133,7 +141,7 @@ async fn get_limit(State(app): State<AppState>, ApiPath(limit_id): ApiPath<Strin
 #[derive(Serialize)]
 struct History<'a> {
     limit_id: String,
-    points: &'a [crate::state::Point],
+    points: &'a [crate::pacing::state::Point],
 }
 
 /// Spend, plan and multiplier over the current period (dashboard charts).

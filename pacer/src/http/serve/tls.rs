@@ -19,16 +19,16 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::{self, ServerConfig};
 use tokio_rustls::server::TlsStream;
 
-pub use tokio_rustls::TlsAcceptor;
+pub(crate) use tokio_rustls::TlsAcceptor;
 
 use crate::telemetry::PACER_HTTP_REFUSED_TOTAL;
 
 /// The API port's TLS: an acceptor, and the certificate file it came from
 /// (for the logs).
 #[derive(Clone)]
-pub struct Https {
-    pub acceptor: TlsAcceptor,
-    pub cert: PathBuf,
+pub(crate) struct Https {
+    pub(crate) acceptor: TlsAcceptor,
+    pub(crate) cert: PathBuf,
 }
 
 impl std::fmt::Debug for Https {
@@ -96,7 +96,7 @@ pub(crate) fn load(
 }
 
 /// One accepted connection: plain, or TLS before or after its handshake.
-pub enum Conn {
+pub(crate) enum Conn {
     Plain(TcpStream),
     Handshake(Box<tokio_rustls::Accept<TcpStream>>),
     Tls(Box<TlsStream<TcpStream>>),
