@@ -64,27 +64,40 @@ async fn services_with_their_own_users_over_tls_are_exact_and_an_ad_server_is_co
     .await
     .expect("no source report from the limiter reached the pacer");
 
-    // The pacer's lease ledger works under its grants: a lease is granted.
-    let ad = p.catalog.ads.keys().next().expect("an ad").clone();
+    // The pacer's lease ledger works under its grants: a lease is granted
+    // (of every ad, one micro each: some have budget left).
+    let asks: Vec<serde_json::Value> = p
+        .catalog
+        .ads
+        .keys()
+        .map(|ad| serde_json::json!({"ad_id": ad, "micros": 1}))
+        .collect();
+    let last = std::sync::Mutex::new(String::new());
     let granted = wait_until(Duration::from_secs(15), Duration::from_millis(200), || {
-        let (url, ad) = (url.clone(), ad.clone());
+        let (url, asks, last) = (url.clone(), asks.clone(), &last);
         async move {
             let Ok(response) = reqwest::Client::new()
                 .post(format!("{url}/v1/leases"))
-                .json(&serde_json::json!({"ads": [{"ad_id": ad, "micros": 1}]}))
+                .json(&serde_json::json!({ "ads": asks }))
                 .send()
                 .await
             else {
                 return false;
             };
-            let body: serde_json::Value = response.json().await.unwrap_or_default();
-            body["leases"][0]["lease_id"].is_string()
+            let body = response.text().await.unwrap_or_default();
+            let granted = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["leases"].as_array().cloned())
+                .is_some_and(|l| l.iter().any(|l| l["lease_id"].is_string()));
+            *last.lock().unwrap() = body.chars().take(300).collect();
+            granted
         }
     })
     .await;
     assert!(
         granted.is_ok(),
-        "no lease granted under the pacer's NATS user"
+        "no lease granted under the pacer's NATS user: {}",
+        last.lock().unwrap()
     );
 
     // The services needed nothing beyond their grants.
