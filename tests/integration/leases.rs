@@ -382,3 +382,34 @@ async fn bad_requests_grant_nothing_and_a_lease_retires_after_expiry_and_grace()
     .await;
     assert_eq!(micros(&all), BUDGET - FIRST_SPEND);
 }
+
+/// The ledger's compare-and-set holds from the stream's first commit: a
+/// commit that expects the empty stream is refused once another landed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_expecting_an_empty_ledger_is_refused_once_one_landed() {
+    let nats = adspend_harness::NatsServer::start().await;
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let js = jetstream::new(client);
+    js.get_or_create_stream(jetstream::stream::Config {
+        name: "LEASES".into(),
+        subjects: vec!["adspend.leases".into()],
+        ..Default::default()
+    })
+    .await
+    .expect("LEASES");
+    let commit = |expected: u64| {
+        let js = js.clone();
+        async move {
+            let publish = jetstream::message::PublishMessage::build()
+                .payload("{}".into())
+                .expected_last_sequence(expected);
+            js.send_publish("adspend.leases", publish).await?.await
+        }
+    };
+    assert_eq!(commit(0).await.expect("the first commit").sequence, 1);
+    let second = commit(0).await;
+    assert!(
+        second.is_err(),
+        "a second commit expecting the empty ledger was stored: {second:?}"
+    );
+}

@@ -113,6 +113,12 @@ impl Ledger {
         self.folded_seq
     }
 
+    /// Sequences up to `seq` are gone from the stream (aged out): count
+    /// them as folded.
+    pub(crate) fn skip_to(&mut self, seq: u64) {
+        self.folded_seq = self.folded_seq.max(seq);
+    }
+
     pub(crate) fn live(&self) -> usize {
         self.leases.len()
     }

@@ -296,17 +296,21 @@ async fn follow_once(
     shutdown: &CancellationToken,
 ) -> Result<(), String> {
     let mut stream = ensure_stream(js, replicas).await?;
-    let last = stream
+    let state = stream
         .info()
         .await
         .map_err(|e| format!("stream {LEASES_STREAM} info: {e}"))?
         .state
-        .last_sequence;
-    let from = ledger
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .folded_seq()
-        + 1;
+        .clone();
+    let last = state.last_sequence;
+    // Commits older than the stream's first have aged out (an hour after
+    // they were written: their leases are long retired); there is nothing
+    // to fold before it, and the next commit must follow `last`.
+    let from = {
+        let mut ledger = ledger.lock().unwrap_or_else(|e| e.into_inner());
+        ledger.skip_to(state.first_sequence.saturating_sub(1).min(last));
+        ledger.folded_seq() + 1
+    };
     let consumer = stream
         .create_consumer(consumer::pull::OrderedConfig {
             deliver_policy: consumer::DeliverPolicy::ByStartSequence {
