@@ -53,6 +53,8 @@ pub struct PacingBench {
     /// an operator sets it to (the slowest report, and a margin), so that a
     /// lease's unused grant is not held longer than its reports can come.
     pub lease_grace_margin: Duration,
+    /// Pacer processes; the ad servers ask them in turn.
+    pub pacers: usize,
 }
 
 /// What the closed loop runs against.
@@ -172,10 +174,30 @@ async fn one_run(
     p.limiter = Some(p.spawn_with("limiter", free_port(), SERVICE_ENV));
     p.pacer = Some(p.spawn_with("pacer", free_port(), &pacer_env));
     p.wait_pacer().await;
-    let config = match bench.scenario {
+    let mut more_pacers = Vec::new();
+    let mut more_urls = Vec::new();
+    for _ in 1..bench.pacers.max(1) {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut env = pacer_env.clone();
+        env.push(("ADSPEND_PACER_ADDR", &addr));
+        more_pacers.push(p.spawn_with("pacer", free_port(), &env));
+        adspend_harness::wait_until(Duration::from_secs(30), Duration::from_millis(100), || {
+            let url = format!("http://{addr}/healthz");
+            async move {
+                reqwest::get(url)
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            }
+        })
+        .await
+        .map_err(|_| anyhow::anyhow!("pacer at {addr} did not start"))?;
+        more_urls.push(format!("http://{addr}"));
+    }
+    let mut config = match bench.scenario {
         Scenario::Day => day_config(bench, p.pacer_url(), mode, delay),
         Scenario::Fast => fast::loop_config(p.pacer_url(), mode, delay, bench.seed),
     };
+    config.more_pacer_urls = more_urls;
     let stop = CancellationToken::new();
     let watch = loop_watch::spawn(
         p.pacer_url(),

@@ -42,6 +42,9 @@ use super::{check_run_id, Catalog, CostDistribution, Truth};
 pub struct LoopConfig {
     /// Base URL of the pacer API, e.g. `http://127.0.0.1:8080`.
     pub pacer_url: String,
+    /// More pacers of the same pipeline: server `i` asks the `i`th of
+    /// `pacer_url` and these, in turn.
+    pub more_pacer_urls: Vec<String>,
     /// Bearer token of the decide scope, if the pacer requires one.
     pub pacer_token: Option<String>,
     /// Simulated ad servers (concurrent tasks).
@@ -81,6 +84,7 @@ impl Default for LoopConfig {
     fn default() -> Self {
         Self {
             pacer_url: "http://127.0.0.1:8080".to_owned(),
+            more_pacer_urls: Vec::new(),
             pacer_token: None,
             servers: 4,
             day: Duration::from_secs(60),

@@ -63,6 +63,13 @@ impl Server {
         tx: mpsc::UnboundedSender<Served>,
     ) -> anyhow::Result<Self> {
         let ads = index.ad_ids.len();
+        let mut config = config.clone();
+        if !config.more_pacer_urls.is_empty() {
+            let turn = i % (config.more_pacer_urls.len() + 1);
+            if turn > 0 {
+                config.pacer_url = config.more_pacer_urls[turn - 1].clone();
+            }
+        }
         // Popularity ranks are the same on every server: one seeded shuffle.
         let mut ranks: Vec<u32> = (0..ads as u32).collect();
         ranks.shuffle(&mut SmallRng::seed_from_u64(config.seed));

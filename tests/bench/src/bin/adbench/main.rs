@@ -144,6 +144,9 @@ struct Args {
     /// within seconds; prints the worst overspend per mode and delay).
     #[arg(long, value_enum, default_value = "day")]
     pacing_scenario: adspend_bench::pacing::Scenario,
+    /// Pacer processes in each pacing run (the ad servers ask them in turn).
+    #[arg(long, default_value_t = 1)]
+    pacing_pacers: usize,
     /// The pacing section's lease grace: its pacer's
     /// ADSPEND_PACER_LEASE_GRACE_MS is each run's delay plus this.
     #[arg(long, default_value_t = 2_000)]

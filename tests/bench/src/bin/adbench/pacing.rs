@@ -52,6 +52,7 @@ pub(crate) async fn closed_loop(args: &Args, table: &mut Table) -> anyhow::Resul
             .collect(),
         seed: 7,
         lease_grace_margin: Duration::from_millis(args.pacing_lease_grace_margin_ms),
+        pacers: args.pacing_pacers,
     };
     for mode in &bench.modes {
         mode.validate()?;
