@@ -395,7 +395,14 @@ async fn an_etcd_stall_within_the_lease_pauses_partitions_without_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_stopped_by_sigterm_hands_over_not_fails_over() {
     let p = start_pipeline().await;
-    let b = spawn_member(&p, "agg-b");
+    // b claims every partition alone, then half of them from a: its last
+    // claim stalls a second, long enough for a (which waits only until
+    // every key it released is claimed) to revoke its lease meanwhile.
+    let last_claim = format!(
+        "aggregator.after_claim@{}~1000",
+        PARTITIONS + PARTITIONS / 2
+    );
+    let mut b = spawn_member_with(&p, "agg-b", &[("ADSPEND_FAILPOINTS", &last_claim)]);
     wait_owned(&[(&b, PARTITIONS)], Duration::from_secs(30)).await;
     let mut a = spawn_member(&p, "agg-a");
     wait_owned(
@@ -423,6 +430,13 @@ async fn a_member_stopped_by_sigterm_hands_over_not_fails_over() {
         || async { metric(b.port, TAKE).await - takes_before >= want },
     )
     .await;
+    b.process
+        .wait_for_log(
+            "FAILPOINT STALLED: aggregator.after_claim",
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("b's last claim stalled");
     let takes = metric(b.port, TAKE).await - takes_before;
     let body = reqwest::get(format!("http://127.0.0.1:{}/metrics", b.port))
         .await

@@ -111,16 +111,15 @@ impl Member {
             if owner.is_some() && !self.holds(owner) {
                 continue; // the previous owner is still letting go
             }
-            if owner.is_none() && !self.claim(partition).await? {
-                continue;
-            }
+            // Told before claiming: a member leaving by SIGTERM is off the
+            // member list before it lets go, and keeps its lease only until
+            // every key it released is claimed, so after our claim its lease
+            // may already be revoked.
             let kind = match self.last_owner.get(&partition).cloned() {
                 None => Kind::Fresh,
                 Some((previous, _)) if previous != self.ctx.id && members.contains(&previous) => {
                     Kind::Handover
                 }
-                // A member leaving by SIGTERM is off the member list before
-                // it lets go; its lease still lives until the others claim.
                 Some((previous, lease))
                     if previous != self.ctx.id && self.lease_alive(lease).await =>
                 {
@@ -128,6 +127,12 @@ impl Member {
                 }
                 Some(_) => Kind::Failover,
             };
+            if owner.is_none() {
+                if !self.claim(partition).await? {
+                    continue;
+                }
+                adspend_common::failpoint::hit("aggregator.after_claim");
+            }
             self.start(partition, kind, since);
         }
         metrics::gauge!(AGGREGATOR_OWNED_PARTITIONS).set(self.running.len() as f64);
