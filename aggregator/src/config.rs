@@ -204,10 +204,13 @@ pub struct Config {
     /// round robin into this many shards, each with its own LMDB
     /// environment, writer thread, checkpoint record and snapshots, under
     /// `<data dir>/p<list>/`. 1 keeps one shard in the data dir itself.
-    /// Cluster mode already gives every partition a writer of its own.
-    #[arg(long, env = env::AGGREGATOR_WRITERS, default_value_t = 1,
-          value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub(crate) writers: u32,
+    /// "auto": the shards the data directory (or etcd's checkpoint
+    /// records) already holds, else one per core, at most one per
+    /// partition. Cluster mode already gives every partition a writer of
+    /// its own.
+    #[arg(long, env = env::AGGREGATOR_WRITERS, default_value = "auto",
+          value_parser = parse_writers)]
+    pub(crate) writers: Writers,
     /// Cluster mode: this aggregator's member id (letters, digits, '.', '_',
     /// '-'; at most 64). Default: the host name.
     #[arg(long, env = env::AGGREGATOR_ID)]
@@ -251,6 +254,38 @@ pub struct Config {
     /// docs/RECOVERY.md.
     #[arg(long, env = ACCEPT_LOSS)]
     pub(crate) accept_loss: Option<String>,
+}
+
+/// `ADSPEND_AGGREGATOR_WRITERS`: a count, or chosen at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Writers {
+    /// What the data directory or the records hold, else one per core.
+    Auto,
+    /// Exactly this many (1..=1024); a data directory written otherwise is
+    /// refused.
+    Count(u32),
+}
+
+fn parse_writers(value: &str) -> Result<Writers, String> {
+    let value = value.trim();
+    if value == "auto" {
+        return Ok(Writers::Auto);
+    }
+    match value.parse::<u32>() {
+        Ok(n @ 1..=1024) => Ok(Writers::Count(n)),
+        _ => Err(format!(
+            "{value:?} is not \"auto\" or a number of writers from 1 to 1024"
+        )),
+    }
+}
+
+impl std::fmt::Display for Writers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Writers::Auto => f.write_str("auto"),
+            Writers::Count(n) => write!(f, "{n}"),
+        }
+    }
 }
 
 impl Config {
@@ -443,6 +478,19 @@ mod tests {
             );
             assert!(error.to_string().contains(ACCEPT_LOSS), "{error}");
         }
+    }
+
+    #[test]
+    fn writers_are_auto_or_a_count() {
+        assert_eq!(parse_writers("auto"), Ok(Writers::Auto));
+        assert_eq!(parse_writers(" 2 "), Ok(Writers::Count(2)));
+        assert_eq!(parse_writers("1024"), Ok(Writers::Count(1024)));
+        for bad in ["0", "1025", "-1", "two", ""] {
+            let e = parse_writers(bad).unwrap_err();
+            assert!(e.contains("auto") && e.contains("1 to 1024"), "{bad}: {e}");
+        }
+        assert_eq!(Writers::Auto.to_string(), "auto");
+        assert_eq!(Writers::Count(3).to_string(), "3");
     }
 
     #[test]

@@ -118,15 +118,32 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
         Ownership::All => None,
         Ownership::Fixed(list) => Some(list),
     };
-    if config.writers > 1 {
-        let owned = partitions.unwrap_or_else(|| (0..config.partitions.partitions).collect());
-        let result = writers::run(&config, owned, snapshots, client, &shutdown, &tasks).await;
+    let owned = partitions
+        .clone()
+        .unwrap_or_else(|| (0..config.partitions.partitions).collect());
+    let background = adspend_common::etcd::Background::on(&tasks, shutdown.clone());
+    let (layout, why) = writers::layout::choose(&config, &owned, &name, &background).await?;
+    tracing::info!(
+        writers = layout.writers(),
+        setting = %config.writers,
+        chosen = why,
+        "aggregator writers"
+    );
+    if let writers::layout::Layout::Shards(groups) = layout {
+        let result = writers::run(
+            &config,
+            groups,
+            snapshots,
+            client,
+            &shutdown,
+            &tasks,
+            &background,
+        )
+        .await;
         tracing::info!("aggregator stopped");
         return result;
     }
     let data_dir = config.data_dir();
-    writers::check_layout(&data_dir, config.writers, None)?;
-    let background = adspend_common::etcd::Background::on(&tasks, shutdown.clone());
     let records = CheckpointStore::open_with(&config.etcd, &data_dir, &name, &background).await?;
     let spec = shard::Spec {
         name,

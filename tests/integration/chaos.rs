@@ -1,6 +1,6 @@
 //! The failure-injection campaign, short: every failure point and every
 //! SIGKILL / kill -9 kind once against real NATS, etcd and S3, then random
-//! faults under other seeds. Each round asserts pacer == truth exactly, the
+//! faults under other seeds, one of them with two aggregator writers. Each round asserts pacer == truth exactly, the
 //! end asserts the aggregator's LMDB too; each fault is confirmed fired.
 
 use adspend_chaos::local::{self as chaos, all_faults, CampaignConfig};
@@ -33,12 +33,13 @@ async fn every_fault_kind_once_keeps_totals_exact() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn random_faults_single_machine_seed_2() {
+async fn random_faults_single_machine_two_writers_seed_2() {
     campaign(CampaignConfig {
         rounds: 5,
         seed: 2,
         backends: Backends::default(),
         walk_all_first: false,
+        writers: "2".into(),
         ..CampaignConfig::default()
     })
     .await;

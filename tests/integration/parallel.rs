@@ -2,7 +2,9 @@
 //! several threads and still publishes them in the order it read them; a
 //! single-machine aggregator with several writers applies its shards in
 //! parallel, exact through a crash in one writer while the others commit,
-//! and refuses a data directory written with another number of writers.
+//! refuses a data directory written with another number of writers, and
+//! by default ("auto") follows the shards its data directory or etcd's
+//! records hold.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -167,7 +169,11 @@ async fn two_writers_are_exact_through_a_crash_in_one_of_them() {
     assert_eq!(shard_dirs(&p), ["p0-2", "p1-3"]);
 
     // One writer on the two writers' data: refused, the way forward named.
-    let mut one = p.spawn_with("aggregator", free_port(), &[]);
+    let mut one = p.spawn_with(
+        "aggregator",
+        free_port(),
+        &[("ADSPEND_AGGREGATOR_WRITERS", "1")],
+    );
     let status = one
         .wait_for_exit(Duration::from_secs(30))
         .await
@@ -179,8 +185,17 @@ async fn two_writers_are_exact_through_a_crash_in_one_of_them() {
         "{tail}"
     );
 
+    // "auto" (the default) follows the two shards the data directory holds.
     let metrics = free_port();
-    p.aggregator = Some(p.spawn_with("aggregator", metrics, &writers));
+    let mut auto = p.spawn_with(
+        "aggregator",
+        metrics,
+        &[("ADSPEND_AGGREGATOR_WRITERS", "auto")],
+    );
+    auto.wait_for_log("as the data directory holds", Duration::from_secs(30))
+        .await
+        .expect("auto adopts the shards on disk");
+    p.aggregator = Some(auto);
     assert_exact(&p.settle(&truth, Duration::from_secs(90)).await, &truth);
     // Both shards applied and checkpoint on their own.
     wait_until(
@@ -252,4 +267,59 @@ async fn two_limiters_on_one_source_are_exact_through_a_kill_of_one() {
         "two limiters: the survivor counted {} impressions, exact",
         busy(first).await
     );
+}
+
+/// A data directory lost under "auto": the shards etcd holds records of
+/// (two writers' `p0-2` and `p1-3`) restore from their snapshots, whatever
+/// the cores of this machine would have chosen, and the sums are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_writers_restore_the_shards_etcd_records_after_the_disk_is_lost() {
+    let backends = Backends {
+        etcd: true,
+        s3: true,
+    };
+    let mut p = Pipeline::start(backends, 60).await;
+    let writers = [("ADSPEND_AGGREGATOR_WRITERS", "2")];
+    p.aggregator = Some(p.spawn_with("aggregator", free_port(), &writers));
+    p.limiter = Some(p.spawn("limiter"));
+    p.pacer = Some(p.spawn("pacer"));
+    p.wait_pacer().await;
+    let mut truth = p.publish(&sim_config(20_000, 94)).await;
+    assert_exact(&p.settle(&truth, Duration::from_secs(90)).await, &truth);
+    let etcd = p.etcd.as_ref().expect("etcd");
+    wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let mut recorded = 0;
+            for shard in ["p0-2", "p1-3"] {
+                let key = format!("/adspend/shards/{shard}/checkpoint");
+                if etcd.get(&key).await.ok().flatten().is_some() {
+                    recorded += 1;
+                }
+            }
+            recorded == 2
+        },
+    )
+    .await
+    .expect("both shards record a checkpoint");
+
+    p.aggregator.as_mut().expect("aggregator").kill();
+    let dir = p.aggregator_dir();
+    std::fs::remove_dir_all(&dir).expect("lose the data directory");
+    truth.absorb(&p.publish(&sim_config(10_000, 95)).await);
+    let mut auto = p.spawn_with(
+        "aggregator",
+        free_port(),
+        &[("ADSPEND_AGGREGATOR_WRITERS", "auto")],
+    );
+    auto.wait_for_log(
+        "as the checkpoint records in etcd hold",
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("auto follows etcd's records");
+    p.aggregator = Some(auto);
+    assert_exact(&p.settle(&truth, Duration::from_secs(90)).await, &truth);
+    assert_eq!(shard_dirs(&p), ["p0-2", "p1-3"]);
 }

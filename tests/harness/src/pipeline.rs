@@ -107,6 +107,13 @@ impl Pipeline {
                 "ADSPEND_DEDUPE_WINDOW_MS".into(),
                 std::env::var("ADSPEND_DEDUPE_WINDOW_MS").unwrap_or_else(|_| "120000".into()),
             ),
+            // One writer, so the tests read one shard ("all", its LMDB in
+            // the data dir itself); the writers' own tests and a campaign
+            // ask for more (`ADSPEND_AGGREGATOR_WRITERS=2 scripts/chaos.sh`).
+            (
+                "ADSPEND_AGGREGATOR_WRITERS".into(),
+                std::env::var("ADSPEND_AGGREGATOR_WRITERS").unwrap_or_else(|_| "1".into()),
+            ),
             (
                 "RUST_LOG".into(),
                 "info,adspend_aggregator=debug,adspend_limiter=debug".into(),

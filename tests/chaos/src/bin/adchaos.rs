@@ -31,6 +31,10 @@ struct Args {
     /// dir instead of S3 and etcd.
     #[arg(long)]
     single_machine: bool,
+    /// The aggregator's writers (ADSPEND_AGGREGATOR_WRITERS): "auto", as a
+    /// deployment runs by default, or a count.
+    #[arg(long, default_value = "auto")]
+    writers: String,
 }
 
 #[tokio::main]
@@ -51,6 +55,7 @@ async fn main() -> ExitCode {
         rate: args.rate,
         duplicate_rate: args.duplicate_rate,
         backends,
+        writers: args.writers,
         ..CampaignConfig::default()
     };
     let rounds = config.rounds;

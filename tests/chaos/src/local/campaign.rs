@@ -11,7 +11,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio_util::sync::CancellationToken;
 
-use super::{aggregator_totals, all_faults, CampaignConfig, Fault, Report, RoundTimes};
+use super::shards::{self, Shard};
+use super::{all_faults, CampaignConfig, Fault, Report, RoundTimes};
 use adspend_harness::limiter_progress::limiter_acked_through;
 use adspend_harness::pipeline::{try_metric, Pipeline};
 use adspend_harness::{free_port, wait_until_ok, ServiceProcess};
@@ -27,6 +28,9 @@ struct Ports {
 
 struct Campaign {
     p: Pipeline,
+    /// The aggregator's shards (`ADSPEND_AGGREGATOR_WRITERS`).
+    shards: Vec<Shard>,
+    writers: String,
     ports: Ports,
     rng: StdRng,
     report: Report,
@@ -48,9 +52,13 @@ impl Campaign {
             "aggregator" => self.ports.aggregator,
             _ => free_port(),
         };
+        let mut env = Vec::new();
+        if service == "aggregator" {
+            env.push(("ADSPEND_AGGREGATOR_WRITERS", self.writers.as_str()));
+        }
         match armed {
             Some(spec) => {
-                let mut env = vec![("ADSPEND_FAILPOINTS", spec.as_str())];
+                env.push(("ADSPEND_FAILPOINTS", spec.as_str()));
                 // These fire only while a full base is copied or uploaded,
                 // which a life otherwise does once per 30 checkpoints (a
                 // start extends the recorded chain): bases every fourth
@@ -63,7 +71,7 @@ impl Campaign {
                 }
                 self.p.spawn_with(service, port, &env)
             }
-            None => self.p.spawn_with(service, port, &[]),
+            None => self.p.spawn_with(service, port, &env),
         }
     }
 
@@ -187,9 +195,11 @@ impl Campaign {
                     )
                     .await?;
                     self.sigkill("aggregator").await?;
-                    let lmdb = self.p.aggregator_dir().join("lmdb");
-                    std::fs::remove_dir_all(&lmdb)
-                        .with_context(|| format!("wiping {}", lmdb.display()))?;
+                    for shard in &self.shards {
+                        let lmdb = shard.dir(&self.p.aggregator_dir()).join("lmdb");
+                        std::fs::remove_dir_all(&lmdb)
+                            .with_context(|| format!("wiping {}", lmdb.display()))?;
+                    }
                     self.p.aggregator = None;
                     self.fire(service, point, 1).await?;
                 } else {
@@ -245,25 +255,48 @@ impl Campaign {
         Ok(limits.iter().map(|l| l.lifetime_spend_micros).sum())
     }
 
+    /// The oldest of the shards' last recorded checkpoints (0: one has none).
     async fn checkpoint_id(&self) -> anyhow::Result<u64> {
-        let bytes = match &self.p.etcd {
-            Some(etcd) => etcd.get("/adspend/shards/all/checkpoint").await?,
-            None => std::fs::read(self.p.aggregator_dir().join("checkpoint/checkpoint.json")).ok(),
-        };
-        let Some(bytes) = bytes else { return Ok(0) };
-        let record: serde_json::Value = serde_json::from_slice(&bytes)?;
-        Ok(record["checkpoint_id"].as_u64().unwrap_or(0))
+        let mut oldest = u64::MAX;
+        for shard in &self.shards {
+            let bytes = match &self.p.etcd {
+                Some(etcd) => {
+                    etcd.get(&format!("/adspend/shards/{}/checkpoint", shard.name))
+                        .await?
+                }
+                None => std::fs::read(
+                    shard
+                        .dir(&self.p.aggregator_dir())
+                        .join("checkpoint/checkpoint.json"),
+                )
+                .ok(),
+            };
+            let Some(bytes) = bytes else { return Ok(0) };
+            let record: serde_json::Value = serde_json::from_slice(&bytes)?;
+            oldest = oldest.min(record["checkpoint_id"].as_u64().unwrap_or(0));
+        }
+        Ok(oldest)
+    }
+
+    /// Each shard's last `SPEND` sequence of its partitions.
+    async fn spend_last(&self) -> anyhow::Result<Vec<u64>> {
+        let js = jetstream::new(self.p.client().await);
+        let mut last = Vec::with_capacity(self.shards.len());
+        for shard in &self.shards {
+            last.push(shard.last_seq(&js).await?);
+        }
+        Ok(last)
     }
 
     /// What "caught up" means after restarting `what`, captured at restart.
     async fn recovery_target(&self, what: &str, pacer_before: u64) -> anyhow::Result<Recovery> {
         Ok(match what {
-            "aggregator" => Recovery::Applied(self.stream_last("SPEND").await?),
+            "aggregator" => Recovery::Applied(self.spend_last().await?),
             "limiter" => Recovery::Acked(self.stream_last("IMPRESSIONS").await?),
             "pacer" => Recovery::PacerTotal(pacer_before),
             "nats" => Recovery::Both(
                 self.stream_last("IMPRESSIONS").await?,
-                self.stream_last("SPEND").await?,
+                self.spend_last().await?,
             ),
             _ => Recovery::Checkpoint(self.checkpoint_id().await?),
         })
@@ -272,15 +305,17 @@ impl Campaign {
     async fn reached(&self, target: Recovery) -> anyhow::Result<bool> {
         let limiter_acked =
             |last: u64| async move { limiter_acked_through(&self.p.client().await, last).await };
-        let applied = |seq: u64| async move {
-            anyhow::Ok(
-                try_metric(
-                    self.ports.aggregator,
-                    "adspend_aggregator_last_applied_seq{shard=\"all\"}",
-                )
-                .await?
-                    >= seq as f64,
-            )
+        let applied = |targets: Vec<u64>| async move {
+            for (shard, seq) in self.shards.iter().zip(targets) {
+                let series = format!(
+                    "adspend_aggregator_last_applied_seq{{shard=\"{}\"}}",
+                    shard.name
+                );
+                if try_metric(self.ports.aggregator, &series).await? < seq as f64 {
+                    return anyhow::Ok(false);
+                }
+            }
+            anyhow::Ok(true)
         };
         Ok(match target {
             Recovery::Applied(seq) => applied(seq).await?,
@@ -331,7 +366,10 @@ impl Campaign {
             Duration::from_secs(120),
             Duration::from_millis(50),
             || async {
-                ensure!(self.reached(target).await.unwrap_or(false), "not caught up");
+                ensure!(
+                    self.reached(target.clone()).await.unwrap_or(false),
+                    "not caught up"
+                );
                 Ok(restarted.elapsed())
             },
         )
@@ -378,15 +416,15 @@ impl Campaign {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum Recovery {
-    /// Aggregator applied through this `SPEND` sequence.
-    Applied(u64),
+    /// Each aggregator shard applied through this `SPEND` sequence.
+    Applied(Vec<u64>),
     /// Limiter acknowledged input through this `IMPRESSIONS` sequence.
     Acked(u64),
     /// Pacer total back to at least this.
     PacerTotal(u64),
-    Both(u64, u64),
+    Both(u64, Vec<u64>),
     /// A checkpoint newer than this id recorded.
     Checkpoint(u64),
 }
@@ -398,21 +436,34 @@ pub async fn run(
     mut on_round: impl FnMut(usize, Fault, RoundTimes),
 ) -> anyhow::Result<Report> {
     let mut p = Pipeline::start(config.backends, config.ads).await;
+    let partitions: u32 = p
+        .env()
+        .into_iter()
+        .find(|(k, _)| k == "ADSPEND_PARTITIONS")
+        .context("the pipeline's partitions")?
+        .1
+        .parse()?;
+    let shards = shards::layout(partitions, &config.writers)?;
     let ports = Ports {
         limiter: free_port(),
         aggregator: free_port(),
     };
-    p.aggregator = Some(p.spawn_with("aggregator", ports.aggregator, &[]));
+    let writers = [("ADSPEND_AGGREGATOR_WRITERS", config.writers.as_str())];
+    p.aggregator = Some(p.spawn_with("aggregator", ports.aggregator, &writers));
     p.limiter = Some(p.spawn_with("limiter", ports.limiter, &[]));
     p.pacer = Some(p.spawn("pacer"));
     p.wait_pacer().await;
     let stream_truth = StreamTruth::new(&p.catalog)?;
+    let shard_names = shards.iter().map(|s| s.name.clone()).collect();
     let mut campaign = Campaign {
         p,
+        shards,
+        writers: config.writers.clone(),
         ports,
         rng: StdRng::seed_from_u64(config.seed),
         report: Report {
             seed: config.seed,
+            shards: shard_names,
             ..Report::default()
         },
         truth: Truth::default(),
@@ -452,7 +503,7 @@ async fn finish(c: &mut Campaign) -> anyhow::Result<()> {
     let comparison: Comparison = c.p.settle(&stream_truth, Duration::from_secs(120)).await;
     c.scrape_aggregator().await;
     c.stop_cleanly("aggregator").await?;
-    let totals = aggregator_totals(&c.p.aggregator_dir().join("lmdb"))?;
+    let totals = shards::totals(&c.shards, &c.p.aggregator_dir())?;
     let acked: u64 = c.report.events_acknowledged;
     c.report.events_unknown_stored = stream_truth.stats.events_acked.saturating_sub(acked);
     c.report.limits_compared = comparison.rows.len();

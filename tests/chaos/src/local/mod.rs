@@ -12,6 +12,7 @@
 
 mod campaign;
 mod report;
+mod shards;
 
 use std::collections::BTreeMap;
 
@@ -110,6 +111,8 @@ pub struct CampaignConfig {
     pub backends: Backends,
     /// Inject every kind once, in order, before picking at random.
     pub walk_all_first: bool,
+    /// The aggregator's `ADSPEND_AGGREGATOR_WRITERS` ("auto" or a count).
+    pub writers: String,
 }
 
 impl Default for CampaignConfig {
@@ -126,6 +129,7 @@ impl Default for CampaignConfig {
                 s3: true,
             },
             walk_all_first: true,
+            writers: "1".into(),
         }
     }
 }

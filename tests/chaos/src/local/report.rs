@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 pub struct Report {
     pub seed: u64,
     pub rounds: usize,
+    /// The aggregator's shards, one per writer (`all` with one writer).
+    pub shards: Vec<String>,
     /// Faults injected by kind; every one was confirmed to have fired.
     pub faults: BTreeMap<String, u64>,
     pub events_attempted: u64,
@@ -28,7 +30,12 @@ use adspend_sim::stats::percentile;
 
 impl Report {
     pub fn render(&self) -> String {
-        let mut out = format!("campaign: seed {}, {} rounds\n", self.seed, self.rounds);
+        let mut out = format!(
+            "campaign: seed {}, {} rounds, aggregator shards {}\n",
+            self.seed,
+            self.rounds,
+            self.shards.join(", ")
+        );
         out += "faults injected (each confirmed fired):\n";
         for (kind, n) in &self.faults {
             out += &format!("  {kind:<36} {n}\n");
