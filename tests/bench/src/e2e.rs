@@ -24,6 +24,8 @@ pub const SERVICE_ENV: &[(&str, &str)] = &[
     ("ADSPEND_PARTITIONS", "16"),
     ("ADSPEND_CHECKPOINT_INTERVAL_MS", "10000"),
     ("ADSPEND_DEDUPE_WINDOW_MS", "3600000"),
+    // The product's default (the test harness pins one writer).
+    ("ADSPEND_AGGREGATOR_WRITERS", "auto"),
 ];
 
 /// Longest wait for the pacer to catch up after publishing ends.

@@ -45,7 +45,8 @@ pub async fn run(ads: u32, events: u64, batch: usize, runs: usize) -> anyhow::Re
             etcd: true,
             s3: true,
         },
-        &[],
+        // One shard, whose snapshot and dedupe window it measures.
+        &[("ADSPEND_AGGREGATOR_WRITERS".into(), "1".into())],
     )
     .await?;
     let client = p.client().await;

@@ -2,8 +2,9 @@
 //! containers, killed, paused, cut off from etcd, scaled, while the simulator
 //! publishes with duplicates; every scenario ends with the pacer equal to the
 //! ground truth for every limit, and prints what it measured. The cluster
-//! runs with NATS users over TLS and etcd client certificates; the all-up
-//! run also shows plaintext and credential-less clients refused.
+//! runs with NATS users over TLS and etcd client certificates; the failover
+//! test's all-up start also shows plaintext and credential-less clients
+//! refused.
 //!
 //! They need Docker and the images (`bash scripts/cluster.sh images`), use
 //! host ports 4222 and 8080, and must run one at a time: `scripts/test.sh`
@@ -18,14 +19,21 @@ use std::time::{Duration, Instant};
 
 use adspend_chaos::cluster::chaos::{self, ChaosConfig};
 use adspend_chaos::cluster::{
-    connect_as, metric_value, pacer, wait_applied, Cluster, Monotonic, Shard, Traffic, AGGREGATORS,
-    PARTITIONS,
+    metric_value, wait_applied, Cluster, Monotonic, Shard, Traffic, AGGREGATORS, PARTITIONS,
 };
 
+/// All up first: each aggregator owns partitions, plaintext and
+/// credential-less clients are refused while the simulator publishes, and
+/// the totals are exact. Then the object store restarts and an aggregator
+/// is killed mid-run: its partitions come back on the survivors from the
+/// snapshots, exact, and every budget alert threshold a limit's spend
+/// crossed is announced on `ALERTS` once, none twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn docker_all_up_exact() {
-    let catalog = catalog(21);
-    let cluster = Cluster::start(&catalog).await.expect("cluster");
+async fn docker_kill_aggregator_failover() {
+    let catalog = catalog(22);
+    let cluster = Cluster::start_json(&with_alerts(&catalog, &ALERT_THRESHOLDS))
+        .await
+        .expect("cluster");
     let owners = stable_owners(&cluster, &AGGREGATORS).await;
     for member in AGGREGATORS {
         assert!(
@@ -36,18 +44,13 @@ async fn docker_all_up_exact() {
     let started = Instant::now();
     let traffic = Traffic::start(&catalog, 20_000, RATE, 1).await.unwrap();
     plain_clients_refused(&cluster).await;
-    settle(&catalog, traffic, "all up").await;
+    let mut truth = traffic.finish().await.expect("simulator run");
+    settle_truth(&catalog, &truth, "all up").await;
     figure(&format!(
         "all up: 20000 events at {RATE}/s, published and settled in {:.1}s",
         started.elapsed().as_secs_f64()
     ));
-}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn docker_kill_aggregator_failover() {
-    let catalog = catalog(22);
-    let cluster = Cluster::start(&catalog).await.expect("cluster");
-    stable_owners(&cluster, &AGGREGATORS).await;
     let traffic = Traffic::start(&catalog, 40_000, RATE, 2).await.unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
 
@@ -110,7 +113,12 @@ async fn docker_kill_aggregator_failover() {
         "kill {victim}: adspend_aggregator_failover_seconds on the survivors: {count} takeovers, mean {:.2}s; owners now {owners:?}",
         sum / count
     ));
-    settle(&catalog, traffic, "kill aggregator").await;
+    truth.absorb(&traffic.finish().await.expect("simulator run"));
+    settle_truth(&catalog, &truth, "kill aggregator").await;
+    let (crossings, limits) = alerts_announced_once(&ALERT_THRESHOLDS).await;
+    figure(&format!(
+        "alerts through a failover: {crossings} crossings announced once each over {limits} limits"
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -454,71 +462,4 @@ async fn docker_chaos_campaign() {
     assert_eq!(report.mismatches, 0, "{rendered}");
     assert!(report.violations.is_empty(), "{rendered}");
     assert_eq!(report.stalls(), 0, "{rendered}");
-}
-
-/// Budget alerts through a partition failover: while an aggregator is
-/// killed mid-run, every threshold a limit's spend crossed is announced on
-/// `ALERTS`, and none twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn docker_alerts_once_through_failover() {
-    let catalog = catalog(27);
-    let mut doc = serde_json::to_value(&catalog).unwrap();
-    for limit in doc["limits"].as_object_mut().unwrap().values_mut() {
-        limit["alerts"] = serde_json::json!([1, 2, 5]);
-    }
-    let cluster = Cluster::start_json(&doc).await.expect("cluster");
-    stable_owners(&cluster, &AGGREGATORS).await;
-    let traffic = Traffic::start(&catalog, 40_000, RATE, 9).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    let state = cluster.kill("aggregator2").await.expect("docker kill");
-    assert!(!state.running);
-    settle(&catalog, traffic, "alerts through a failover").await;
-
-    // What must have been announced: each threshold the period's spend
-    // reached, per the pacer's final figures (equal to the truth above).
-    let limits = adspend_sim::check::fetch_limits(&http(), &pacer().url)
-        .await
-        .expect("limits");
-    let mut expected = BTreeSet::new();
-    for limit in &limits {
-        for threshold in [1u64, 2, 5] {
-            if u128::from(limit.spend_micros) * 100
-                >= u128::from(threshold) * u128::from(limit.budget_micros)
-            {
-                let start = serde_json::to_value(&limit.period_start).unwrap();
-                expected.insert((limit.limit_id.clone(), start.to_string(), threshold));
-            }
-        }
-    }
-    assert!(!expected.is_empty(), "no limit crossed a threshold");
-    let client = connect_as("pacer").await.expect("NATS as pacer");
-    let started = Instant::now();
-    let (seen, counts) = loop {
-        let mut counts: BTreeMap<(String, String, u64), u32> = BTreeMap::new();
-        for (_, alert) in crate::alerts::stream_alerts(&client).await {
-            let key = (
-                alert["limit_id"].as_str().unwrap_or("").to_owned(),
-                alert["period_start"].to_string(),
-                alert["threshold_percent"].as_u64().unwrap_or(0),
-            );
-            *counts.entry(key).or_default() += 1;
-        }
-        let seen: BTreeSet<_> = counts.keys().cloned().collect();
-        if expected.is_subset(&seen) || started.elapsed() > Duration::from_secs(60) {
-            break (seen, counts);
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    };
-    let missing: Vec<_> = expected.difference(&seen).collect();
-    assert!(missing.is_empty(), "crossings never announced: {missing:?}");
-    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        twice.is_empty(),
-        "crossings announced more than once: {twice:?}"
-    );
-    figure(&format!(
-        "alerts through a failover: {} crossings announced once each over {} limits",
-        counts.len(),
-        limits.len()
-    ));
 }

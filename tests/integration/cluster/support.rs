@@ -1,6 +1,6 @@
 //! What the cluster fault tests share: the catalog, figures, owners and
 //! shards read from etcd and the pacer, settling, and the checks of
-//! refused plaintext clients and of Prometheus alerts.
+//! refused plaintext clients, of Prometheus alerts and of budget alerts.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use adspend_chaos::cluster::{
-    metric_sum, nats_args, pacer, pacer_client, settle_exact, shards, Cluster, PacerAccess, Shard,
-    Traffic, NATS_URL, PARTITIONS,
+    connect_as, metric_sum, nats_args, pacer, pacer_client, settle_exact, shards, Cluster,
+    PacerAccess, Shard, Traffic, NATS_URL, PARTITIONS,
 };
 use adspend_common::config::NatsArgs;
-use adspend_sim::{generate_catalog, Catalog, CatalogSpec};
+use adspend_sim::{generate_catalog, Catalog, CatalogSpec, Truth};
 
 pub(super) const SETTLE: Duration = Duration::from_secs(150);
 pub(super) const TAKEOVER: Duration = Duration::from_secs(90);
@@ -116,10 +116,74 @@ pub(super) async fn histogram(cluster: &Cluster, members: &[&str], name: &str) -
 
 pub(super) async fn settle(catalog: &Catalog, traffic: Traffic, test: &str) {
     let truth = traffic.finish().await.expect("simulator run");
-    let (_, summary) = settle_exact(catalog, &truth, SETTLE)
+    settle_truth(catalog, &truth, test).await;
+}
+
+/// [`settle`] against the truth of every run so far.
+pub(super) async fn settle_truth(catalog: &Catalog, truth: &Truth, test: &str) {
+    let (_, summary) = settle_exact(catalog, truth, SETTLE)
         .await
         .unwrap_or_else(|e| panic!("{test}: {e:#}"));
     figure(&format!("{test}: {summary}"));
+}
+
+/// Budget alert thresholds (percent) of the failover test's limits.
+pub(super) const ALERT_THRESHOLDS: [u64; 3] = [1, 2, 5];
+
+/// `catalog` as JSON, every limit alerting at `thresholds`.
+pub(super) fn with_alerts(catalog: &Catalog, thresholds: &[u64]) -> serde_json::Value {
+    let mut doc = serde_json::to_value(catalog).expect("catalog as JSON");
+    for limit in doc["limits"].as_object_mut().expect("limits").values_mut() {
+        limit["alerts"] = serde_json::json!(thresholds);
+    }
+    doc
+}
+
+/// Every threshold a limit's period spend reached (per the pacer's
+/// figures, settled exact before) announced on `ALERTS`, and none twice:
+/// the crossings seen and the limits compared.
+pub(super) async fn alerts_announced_once(thresholds: &[u64]) -> (usize, usize) {
+    let limits = adspend_sim::check::fetch_limits(&http(), &pacer().url)
+        .await
+        .expect("limits");
+    let mut expected = BTreeSet::new();
+    for limit in &limits {
+        for &threshold in thresholds {
+            if u128::from(limit.spend_micros) * 100
+                >= u128::from(threshold) * u128::from(limit.budget_micros)
+            {
+                let start = serde_json::to_value(&limit.period_start).unwrap();
+                expected.insert((limit.limit_id.clone(), start.to_string(), threshold));
+            }
+        }
+    }
+    assert!(!expected.is_empty(), "no limit crossed a threshold");
+    let client = connect_as("pacer").await.expect("NATS as pacer");
+    let started = Instant::now();
+    let (seen, counts) = loop {
+        let mut counts: BTreeMap<(String, String, u64), u32> = BTreeMap::new();
+        for (_, alert) in crate::alerts::stream_alerts(&client).await {
+            let key = (
+                alert["limit_id"].as_str().unwrap_or("").to_owned(),
+                alert["period_start"].to_string(),
+                alert["threshold_percent"].as_u64().unwrap_or(0),
+            );
+            *counts.entry(key).or_default() += 1;
+        }
+        let seen: BTreeSet<_> = counts.keys().cloned().collect();
+        if expected.is_subset(&seen) || started.elapsed() > Duration::from_secs(60) {
+            break (seen, counts);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let missing: Vec<_> = expected.difference(&seen).collect();
+    assert!(missing.is_empty(), "crossings never announced: {missing:?}");
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "crossings announced more than once: {twice:?}"
+    );
+    (counts.len(), limits.len())
 }
 
 /// Clients without TLS or credentials get nothing from NATS or etcd while

@@ -74,7 +74,10 @@ impl Truth {
             }
         }
         self.stats.unique_events += other.stats.unique_events;
+        self.stats.events_sent += other.stats.events_sent;
         self.stats.events_acked += other.stats.events_acked;
+        self.stats.duplicates_sent += other.stats.duplicates_sent;
+        self.stats.messages_published += other.stats.messages_published;
         self.stats.messages_acked += other.stats.messages_acked;
         self.stats.messages_failed += other.stats.messages_failed;
     }
