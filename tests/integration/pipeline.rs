@@ -38,6 +38,8 @@ async fn in_process_pipeline_is_exact_with_duplicates() {
     let aggregator = adspend_aggregator::Config::parse_from(args(&[
         partitions,
         format!("--data-dir={}", p.aggregator_dir().display()),
+        // One shard, whose record and snapshot the test reads below.
+        "--writers=1".into(),
     ]))
     .validate()
     .unwrap();
