@@ -323,3 +323,57 @@ async fn auto_writers_restore_the_shards_etcd_records_after_the_disk_is_lost() {
     assert_exact(&p.settle(&truth, Duration::from_secs(90)).await, &truth);
     assert_eq!(shard_dirs(&p), ["p0-2", "p1-3"]);
 }
+
+/// Idle after a run, a shard whose partitions did not get the stream's
+/// last message neither takes its consumer for stalled (the head it sees
+/// is the other shard's) nor falls behind in the pacer: every shard's lag
+/// stays within the pushes' heartbeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_shard_stays_fresh_while_the_streams_head_is_another_shards() {
+    let mut p = Pipeline::start(Backends::default(), 60).await;
+    let writers = [("ADSPEND_AGGREGATOR_WRITERS", "2")];
+    p.aggregator = Some(p.spawn_with("aggregator", free_port(), &writers));
+    // Markers at the default interval, not the harness's 500 ms: between
+    // them an idle partition gets no message for seconds.
+    let markers = [("ADSPEND_CHECKPOINT_INTERVAL_MS", "10000")];
+    p.limiter = Some(p.spawn_with("limiter", free_port(), &markers));
+    p.pacer = Some(p.spawn("pacer"));
+    p.wait_pacer().await;
+    let truth = p.publish(&sim_config(5_000, 96)).await;
+    assert_exact(&p.settle(&truth, Duration::from_secs(60)).await, &truth);
+
+    let http = reqwest::Client::new();
+    let mut worst: HashMap<String, u64> = HashMap::new();
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let body: serde_json::Value = http
+            .get(format!("{}/v1/shards", p.pacer_url()))
+            .send()
+            .await
+            .expect("GET /v1/shards")
+            .json()
+            .await
+            .expect("shards as JSON");
+        for shard in body["shards"].as_array().expect("shards") {
+            let name = shard["shard"].as_str().unwrap_or_default().to_string();
+            let lag = shard["lag_ms"].as_u64().unwrap_or(u64::MAX);
+            let entry = worst.entry(name).or_insert(0);
+            *entry = (*entry).max(lag);
+        }
+    }
+    assert_eq!(worst.len(), 2, "{worst:?}");
+    assert!(
+        worst.values().all(|lag| *lag < 3_000),
+        "a shard fell behind while idle: worst lag_ms {worst:?}"
+    );
+    let log = std::fs::read_to_string(p.aggregator.as_ref().expect("aggregator").log_path())
+        .expect("aggregator log");
+    assert!(
+        !log.contains("stalled; recreating"),
+        "an idle consumer was taken for stalled:\n{}",
+        log.lines()
+            .filter(|l| l.contains("stalled"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

@@ -10,7 +10,7 @@ use adspend_common::nats::spend_subject;
 use adspend_common::now_ms;
 use adspend_wire::codec::decode_spend;
 use async_nats::jetstream::consumer::{pull::OrderedConfig, DeliverPolicy};
-use async_nats::jetstream::stream::Stream;
+use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
 use async_nats::jetstream::Message;
 use futures::StreamExt;
 use tokio::sync::mpsc;
@@ -122,6 +122,28 @@ impl Consumer {
         config
     }
 
+    /// The last sequence of `SPEND` this consumer reads: the stream's last,
+    /// or, for a shard of some partitions, the last of their subjects (the
+    /// stream's head may be another shard's).
+    async fn own_last(&mut self) -> Result<u64, Error> {
+        let Some(owned) = &self.owned else {
+            return Ok(bounds(&mut self.stream).await?.1);
+        };
+        let mut last = 0;
+        for partition in owned {
+            match self
+                .stream
+                .get_last_raw_message_by_subject(&spend_subject(*partition))
+                .await
+            {
+                Ok(message) => last = last.max(message.sequence),
+                Err(e) if matches!(e.kind(), LastRawMessageErrorKind::NoMessageFound) => {}
+                Err(e) => return Err(Error::consumer("last message of a partition")(e)),
+            }
+        }
+        Ok(last)
+    }
+
     pub(crate) async fn run(mut self, cancel: CancellationToken) -> Result<(), Error> {
         let mut first = true;
         loop {
@@ -135,8 +157,9 @@ impl Consumer {
                 }
             }
             first = false;
-            // Caught up at (re)creation when the stream ends before us.
-            if let Ok((_, last)) = bounds(&mut self.stream).await {
+            // Caught up at (re)creation when our part of the stream ends
+            // before us.
+            if let Ok(last) = self.own_last().await {
                 self.last_pending = last.saturating_sub(self.next_seq - 1);
             }
             let messages = match self.stream.create_consumer(self.config()).await {
@@ -205,10 +228,16 @@ impl Consumer {
                 _ = integrity.tick() => {
                     match check_bounds(&mut self.stream, self.next_seq - 1).await {
                         Err(e) if !e.is_retryable() => return Err(e),
-                        // Messages wait in the stream but none arrive: the
-                        // consumer was lost (a server restart); recreate it.
+                        // Messages of ours wait in the stream but none
+                        // arrive: the consumer was lost (a server restart);
+                        // recreate it.
                         Ok(last) if last >= self.next_seq && last_received.elapsed() >= STALL => {
-                            tracing::warn!(next_seq = self.next_seq, last_seq = last, "SPEND consumer stalled; recreating");
+                            let ours = self.own_last().await.unwrap_or(last);
+                            if ours < self.next_seq {
+                                // The stream's head is other partitions'.
+                                continue;
+                            }
+                            tracing::warn!(next_seq = self.next_seq, last_seq = ours, "SPEND consumer stalled; recreating");
                             return Ok(Next::Recreate);
                         }
                         _ => continue,
