@@ -232,7 +232,10 @@ impl Consumer {
                         // arrive: the consumer was lost (a server restart);
                         // recreate it.
                         Ok(last) if last >= self.next_seq && last_received.elapsed() >= STALL => {
-                            let ours = self.own_last().await.unwrap_or(last);
+                            let ours = match self.owned {
+                                None => last,
+                                Some(_) => self.own_last().await.unwrap_or(last),
+                            };
                             if ours < self.next_seq {
                                 // The stream's head is other partitions'.
                                 continue;

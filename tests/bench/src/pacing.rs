@@ -181,17 +181,9 @@ async fn one_run(
         let mut env = pacer_env.clone();
         env.push(("ADSPEND_PACER_ADDR", &addr));
         more_pacers.push(p.spawn_with("pacer", free_port(), &env));
-        adspend_harness::wait_until(Duration::from_secs(30), Duration::from_millis(100), || {
-            let url = format!("http://{addr}/healthz");
-            async move {
-                reqwest::get(url)
-                    .await
-                    .is_ok_and(|r| r.status().is_success())
-            }
-        })
-        .await
-        .map_err(|_| anyhow::anyhow!("pacer at {addr} did not start"))?;
-        more_urls.push(format!("http://{addr}"));
+        let url = format!("http://{addr}");
+        adspend_harness::pipeline::wait_pacer_at(&url).await?;
+        more_urls.push(url);
     }
     let mut config = match bench.scenario {
         Scenario::Day => day_config(bench, p.pacer_url(), mode, delay),

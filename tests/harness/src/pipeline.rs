@@ -176,17 +176,9 @@ impl Pipeline {
     }
 
     pub async fn wait_pacer(&self) {
-        let url = format!("{}/healthz", self.pacer_url());
-        wait_until(Duration::from_secs(30), Duration::from_millis(100), || {
-            let url = url.clone();
-            async move {
-                reqwest::get(&url)
-                    .await
-                    .is_ok_and(|r| r.status().is_success())
-            }
-        })
-        .await
-        .expect("pacer did not become healthy");
+        wait_pacer_at(&self.pacer_url())
+            .await
+            .expect("pacer did not become healthy");
     }
 
     pub async fn client(&self) -> async_nats::Client {
@@ -272,12 +264,32 @@ pub async fn metric(port: u16, series: &str) -> f64 {
 }
 
 /// [`metric`], with an error when the endpoint does not answer.
+/// Until the pacer at `url` (`http://host:port`) answers `/healthz`, for
+/// at most 30 s.
+pub async fn wait_pacer_at(url: &str) -> anyhow::Result<()> {
+    let url = format!("{url}/healthz");
+    wait_until(Duration::from_secs(30), Duration::from_millis(100), || {
+        let url = url.clone();
+        async move {
+            reqwest::get(&url)
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        }
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("pacer at {url} did not become healthy"))
+}
+
 pub async fn try_metric(port: u16, series: &str) -> anyhow::Result<f64> {
-    let body = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+    Ok(metric_value(&metrics_body(port).await?, series).unwrap_or(0.0))
+}
+
+/// A service's whole `/metrics` text, for reading several series at once.
+pub async fn metrics_body(port: u16) -> anyhow::Result<String> {
+    Ok(reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
         .await?
         .text()
-        .await?;
-    Ok(metric_value(&body, series).unwrap_or(0.0))
+        .await?)
 }
 
 /// One value of a Prometheus text exposition, by its full series text

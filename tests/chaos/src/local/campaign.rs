@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::shards::{self, Shard};
 use super::{all_faults, CampaignConfig, Fault, Report, RoundTimes};
 use adspend_harness::limiter_progress::limiter_acked_through;
-use adspend_harness::pipeline::{try_metric, Pipeline};
+use adspend_harness::pipeline::{metric_value, metrics_body, try_metric, Pipeline};
 use adspend_harness::{free_port, wait_until_ok, ServiceProcess};
 use adspend_sim::check::{fetch_limits, Comparison};
 use adspend_sim::stream_truth::StreamTruth;
@@ -281,9 +281,10 @@ impl Campaign {
     /// Each shard's last `SPEND` sequence of its partitions.
     async fn spend_last(&self) -> anyhow::Result<Vec<u64>> {
         let js = jetstream::new(self.p.client().await);
+        let stream = js.get_stream("SPEND").await.context("stream SPEND")?;
         let mut last = Vec::with_capacity(self.shards.len());
         for shard in &self.shards {
-            last.push(shard.last_seq(&js).await?);
+            last.push(shard.last_seq(&stream).await?);
         }
         Ok(last)
     }
@@ -306,16 +307,14 @@ impl Campaign {
         let limiter_acked =
             |last: u64| async move { limiter_acked_through(&self.p.client().await, last).await };
         let applied = |targets: Vec<u64>| async move {
-            for (shard, seq) in self.shards.iter().zip(targets) {
+            let body = metrics_body(self.ports.aggregator).await?;
+            anyhow::Ok(self.shards.iter().zip(targets).all(|(shard, seq)| {
                 let series = format!(
                     "adspend_aggregator_last_applied_seq{{shard=\"{}\"}}",
                     shard.name
                 );
-                if try_metric(self.ports.aggregator, &series).await? < seq as f64 {
-                    return anyhow::Ok(false);
-                }
-            }
-            anyhow::Ok(true)
+                metric_value(&body, &series).unwrap_or(0.0) >= seq as f64
+            }))
         };
         Ok(match target {
             Recovery::Applied(seq) => applied(seq).await?,

@@ -7,8 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use async_nats::jetstream;
-use async_nats::jetstream::stream::LastRawMessageErrorKind;
+use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
 
 use super::aggregator_totals;
 
@@ -70,8 +69,7 @@ impl Shard {
     }
 
     /// The last `SPEND` sequence of its partitions (0: none yet).
-    pub(crate) async fn last_seq(&self, js: &jetstream::Context) -> anyhow::Result<u64> {
-        let stream = js.get_stream("SPEND").await.context("stream SPEND")?;
+    pub(crate) async fn last_seq(&self, stream: &Stream) -> anyhow::Result<u64> {
         let mut last = 0;
         for partition in &self.partitions {
             let subject = adspend_common::nats::spend_subject(*partition);
