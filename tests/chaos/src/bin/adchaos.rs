@@ -35,6 +35,10 @@ struct Args {
     /// deployment runs by default, or a count.
     #[arg(long, default_value = "auto")]
     writers: String,
+    /// Only the faults whose name contains one of these words, comma
+    /// separated (e.g. `nats-server`, `failpoint`, `SIGKILL aggregator`).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
 }
 
 #[tokio::main]
@@ -56,6 +60,7 @@ async fn main() -> ExitCode {
         duplicate_rate: args.duplicate_rate,
         backends,
         writers: args.writers,
+        only: args.only,
         ..CampaignConfig::default()
     };
     let rounds = config.rounds;

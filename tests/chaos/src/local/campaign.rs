@@ -477,7 +477,13 @@ pub async fn run(
         .iter()
         .copied()
         .filter(|f| *f != Fault::KillEtcd || config.backends.etcd)
+        .filter(|f| config.only.is_empty() || config.only.iter().any(|o| f.name().contains(o)))
         .collect();
+    ensure!(
+        !usable.is_empty(),
+        "no fault's name contains any of {:?}",
+        config.only
+    );
     for index in 0..config.rounds {
         let fault = if config.walk_all_first && index < usable.len() {
             usable[index]

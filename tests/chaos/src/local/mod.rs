@@ -113,6 +113,9 @@ pub struct CampaignConfig {
     pub walk_all_first: bool,
     /// The aggregator's `ADSPEND_AGGREGATOR_WRITERS` ("auto" or a count).
     pub writers: String,
+    /// Only the faults whose name contains one of these (all when empty),
+    /// to study one kind's recovery.
+    pub only: Vec<String>,
 }
 
 impl Default for CampaignConfig {
@@ -130,6 +133,7 @@ impl Default for CampaignConfig {
             },
             walk_all_first: true,
             writers: "1".into(),
+            only: Vec::new(),
         }
     }
 }
