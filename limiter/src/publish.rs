@@ -40,6 +40,8 @@ pub(crate) const TRIES_BEFORE_BLAME: u32 = 5;
 /// Longest wait for one window to be acknowledged.
 const WINDOW_TIMEOUT: Duration = Duration::from_secs(15);
 const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How often a window awaiting its acknowledgements looks for a reconnect.
+const RECONNECT_CHECK: Duration = Duration::from_millis(50);
 
 /// One message to publish.
 pub(crate) struct OutMessage {
@@ -113,6 +115,8 @@ pub(crate) fn markers(partitions: u32) -> Vec<OutMessage> {
 #[derive(Clone)]
 pub(crate) struct Publisher {
     js: jetstream::Context,
+    /// The client's counters: its `connects` tells a reconnect.
+    statistics: Arc<async_nats::Statistics>,
     shutdown: CancellationToken,
     /// Unix ms of the first failure of the publishes failing now, 0 while
     /// they succeed: `adspend_limiter_publish_failing_since_seconds`.
@@ -123,6 +127,7 @@ impl Publisher {
     pub(crate) fn new(js: jetstream::Context, shutdown: CancellationToken) -> Self {
         metrics::gauge!(PUBLISH_FAILING_SINCE_SECONDS).set(0.0);
         Publisher {
+            statistics: js.client().statistics(),
             js,
             shutdown,
             failing_since_ms: Arc::default(),
@@ -151,11 +156,18 @@ impl Publisher {
             // A publish blocks while NATS is unreachable and the client's
             // buffer is full: bound it, and let shutdown interrupt it.
             let attempt = tokio::time::timeout(WINDOW_TIMEOUT, self.try_window(window));
+            let connects = self.statistics.connects.load(Ordering::Relaxed);
             let result = tokio::select! {
                 _ = self.shutdown.cancelled() => return Publish::Abandoned,
                 result = attempt => result.unwrap_or_else(|_| {
                     Err(Failure::outage(format!("no acknowledgement within {WINDOW_TIMEOUT:?}")))
                 }),
+                // The acknowledgements a lost server owed will not come:
+                // publish again now rather than at the ack timeout (the
+                // message ids make the copies duplicates).
+                () = reconnected(&self.statistics, connects) => Err(Failure::outage(
+                    "NATS reconnected while acknowledgements were awaited".into(),
+                )),
             };
             let failure = match result {
                 Ok(seqs) => {
@@ -238,6 +250,13 @@ impl Publisher {
             seqs.push(ack.sequence);
         }
         Ok(seqs)
+    }
+}
+
+/// Resolves once the client has connected again since it had `connects`.
+async fn reconnected(statistics: &async_nats::Statistics, connects: u64) {
+    while statistics.connects.load(Ordering::Relaxed) == connects {
+        tokio::time::sleep(RECONNECT_CHECK).await;
     }
 }
 

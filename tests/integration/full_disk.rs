@@ -90,6 +90,21 @@ async fn a_server_restart_mid_publish_sets_nothing_aside() {
         .lines()
         .filter(|l| l.contains("publish failed; retrying"))
         .count();
+    // The seventh try's acknowledgements died with the server: it is tried
+    // again at the reconnect, not at the ack timeout.
+    assert!(
+        log.contains("NATS reconnected while acknowledgements were awaited"),
+        "the seventh try waited out its ack timeout"
+    );
+    // The aggregator's consumer, lost with the server, is made anew at the
+    // reconnect, not when it is found stalled.
+    let aggregator = p.aggregator.as_ref().expect("aggregator").log_path();
+    assert!(
+        std::fs::read_to_string(aggregator)
+            .expect("aggregator log")
+            .contains("NATS reconnected; recreating the SPEND consumer"),
+        "the aggregator did not recreate its consumer at the reconnect"
+    );
     println!(
         "NATS paused then restarted mid-publish: {warns} WARN line(s) while publishes failed, exact {} ms after the restart",
         restarted.elapsed().as_millis()

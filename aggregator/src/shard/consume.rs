@@ -1,8 +1,11 @@
 //! Reading `SPEND`: an ordered consumer (no acknowledgements) from the first
 //! sequence not yet applied, recreated from the last sequence handed on
-//! whenever it fails. Before reading, the stream's bounds are checked against
+//! whenever it fails, and whenever the client has reconnected (a restarted
+//! server has lost the consumer, and the client's own recovery of it can
+//! take seconds). Before reading, the stream's bounds are checked against
 //! the restore point (DESIGN.md rule 4).
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,6 +30,9 @@ const INTEGRITY_CHECK: Duration = Duration::from_secs(2);
 const IDLE_CHECK: Duration = Duration::from_millis(250);
 /// No message for this long while the stream holds unread ones: recreate.
 const STALL: Duration = Duration::from_secs(2);
+/// Between tries to make a consumer while JetStream does not answer (a
+/// server still starting).
+const UNAVAILABLE_RETRY: Duration = Duration::from_millis(250);
 /// How long a stream state below the applied sequence must last before the
 /// log counts as gone backwards.
 const BACKWARDS_CONFIRM: Duration = Duration::from_secs(5);
@@ -146,7 +152,11 @@ impl Consumer {
 
     pub(crate) async fn run(mut self, cancel: CancellationToken) -> Result<(), Error> {
         let mut first = true;
+        let statistics = self.deadletters.client().statistics();
         loop {
+            // Read before the consumer is made: a reconnect from here on
+            // may have lost it.
+            let connects = statistics.connects.load(Relaxed);
             // On every (re)creation: a stream that lost messages we still
             // need, or went back below what we applied, is a loud stop.
             if !first {
@@ -175,11 +185,12 @@ impl Consumer {
                     tracing::warn!(error = %e, next_seq = self.next_seq, "SPEND consumer unavailable; retrying");
                     tokio::select! {
                         _ = cancel.cancelled() => return Ok(()),
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                        _ = tokio::time::sleep(UNAVAILABLE_RETRY) => continue,
                     }
                 }
             };
-            if let Next::Stop = self.drain(&mut messages, &cancel).await? {
+            let reconnected = || statistics.connects.load(Relaxed) != connects;
+            if let Next::Stop = self.drain(&mut messages, &reconnected, &cancel).await? {
                 return Ok(());
             }
             tokio::select! {
@@ -195,6 +206,7 @@ impl Consumer {
     async fn drain<S, E>(
         &mut self,
         messages: &mut S,
+        reconnected: &impl Fn() -> bool,
         cancel: &CancellationToken,
     ) -> Result<Next, Error>
     where
@@ -217,6 +229,10 @@ impl Consumer {
                 // behind it and the writer applied everything handed to
                 // it, the sums are complete as of now.
                 _ = idle.tick() => {
+                    if reconnected() {
+                        tracing::info!(next_seq = self.next_seq, "NATS reconnected; recreating the SPEND consumer");
+                        return Ok(Next::Recreate);
+                    }
                     if self.last_pending == 0 && last_received.elapsed() >= IDLE_CHECK {
                         self.dirty.caught_up(self.last_sent_seq, now_ms());
                     }
