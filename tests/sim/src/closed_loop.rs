@@ -6,11 +6,12 @@
 //! - decisions: asks `POST /v1/decisions` for the requested ads in batches
 //!   (as a bidder would), and serves an ad only when the pacer says it is
 //!   servable, with probability equal to its multiplier;
-//! - leases: holds at most one spend lease per ad (`POST /v1/leases`,
-//!   [`super::loop_lease`]), leased ahead in one call per tick, and serves
-//!   a request only when its cost fits what is left of the ad's lease
-//!   before the lease's expiry (less a margin); every impression carries
-//!   its `lease_id`, and nothing is ever served outside a lease.
+//! - leases: holds at most two spend leases per ad, the newest and the one
+//!   it replaced, spent first (`POST /v1/leases`, [`super::loop_lease`]),
+//!   leased ahead in one call per tick, and serves a request only when its
+//!   cost fits what is left of one of the ad's leases before that lease's
+//!   expiry (less a margin); every impression carries its `lease_id`, and
+//!   nothing is ever served outside a lease.
 //!
 //! Served impressions go to the publisher ([`super::loop_publish`]), which
 //! may hold each one back by `publish_delay` before it reaches JetStream

@@ -2,12 +2,15 @@
 //! mode's policy, the JSON of `POST /v1/leases`, and one ad server's book
 //! of its leases.
 //!
-//! The book holds at most one lease per ad. Each tick the server notes the
-//! requests that arrived ([`LeaseBook::note_requests`]), asks for the
-//! leases the book wants ([`LeaseBook::asks`]) in one call, records the
-//! answers ([`LeaseBook::grant`]), which replace what the ad held, and
-//! serves a request only when [`LeaseBook::spend`] takes its cost out of a
-//! lease that still has it and is not within the margin of its expiry.
+//! The book holds at most two leases per ad: the newest and the one it
+//! replaced, which is spent first while it lasts (what a renewal leaves of
+//! it would otherwise stay held at the pacer, unspent, until it expired).
+//! Each tick the server notes the requests that arrived
+//! ([`LeaseBook::note_requests`]), asks for the leases the book wants
+//! ([`LeaseBook::asks`]) in one call, records the answers
+//! ([`LeaseBook::grant`]), and serves a request only when
+//! [`LeaseBook::spend`] takes its cost out of a lease that still has it and
+//! is not within the margin of its expiry.
 //! Every call takes the server's clock (unix ms), so the rules are tested
 //! without a pacer or a timer.
 
@@ -171,7 +174,11 @@ struct Lease {
 
 #[derive(Debug, Clone, Default)]
 struct AdLeases {
+    /// The newest lease.
     lease: Option<Lease>,
+    /// The lease the newest replaced, while it has something left: spent
+    /// before the newest.
+    older: Option<Lease>,
     /// Requests per second, exponentially weighted, as of `rate_at_ms`.
     rate: f64,
     rate_at_ms: i64,
@@ -268,7 +275,8 @@ impl LeaseBook {
             None => true,
             Some(l) => {
                 let low_water = (self.max_cost as f64).max(rate * self.lead_ms as f64 / 1000.0);
-                now_ms + self.lead_ms >= self.usable_until(l) || (l.remaining as f64) < low_water
+                let left = l.remaining + self.usable_older(a, now_ms);
+                now_ms + self.lead_ms >= self.usable_until(l) || (left as f64) < low_water
             }
         };
         needs.then(|| (rate * ask_secs).max(self.max_cost as f64).ceil() as u64)
@@ -333,11 +341,14 @@ impl LeaseBook {
         };
         a.zeros_in_a_row = 0;
         a.retry_at_ms = 0;
-        a.lease = Some(Lease {
+        let replaced = a.lease.replace(Lease {
             id_json: serde_json::to_string(id).expect("a string").into(),
             remaining: grant.granted_micros,
             expires_at_ms: grant.expires_at_ms,
         });
+        // The replaced lease is kept (and one kept before it let go) while
+        // it has something left; spend() lets it go at its usable end.
+        a.older = replaced.filter(|l| l.remaining > 0);
         Ok(Granted::Lease(grant.granted_micros))
     }
 
@@ -345,23 +356,35 @@ impl LeaseBook {
     /// string literal) to put on the impression; `None` (nothing taken)
     /// when the ad holds no lease, the lease is within the margin of its
     /// expiry at `now_ms`, or what is left of it cannot pay `cost`.
+    /// The older lease pays first when it can.
     pub(crate) fn spend(&mut self, ad: u32, cost: u64, now_ms: i64) -> Option<Arc<str>> {
         let margin = self.policy.margin_ms();
         let a = &mut self.ads[ad as usize];
-        let lease = a.lease.as_mut()?;
-        if now_ms >= lease.expires_at_ms.saturating_sub(margin) {
-            a.lease = None;
-            return None;
+        for slot in [&mut a.older, &mut a.lease] {
+            let Some(lease) = slot.as_mut() else { continue };
+            if now_ms >= lease.expires_at_ms.saturating_sub(margin) {
+                *slot = None;
+                continue;
+            }
+            if lease.remaining < cost {
+                continue;
+            }
+            lease.remaining -= cost;
+            return Some(lease.id_json.clone());
         }
-        if lease.remaining < cost {
-            return None;
-        }
-        lease.remaining -= cost;
-        Some(lease.id_json.clone())
+        None
     }
 
     fn usable_until(&self, lease: &Lease) -> i64 {
         lease.expires_at_ms.saturating_sub(self.policy.margin_ms())
+    }
+
+    /// What is left of `a`'s older lease while it is usable at `now_ms`.
+    fn usable_older(&self, a: &AdLeases, now_ms: i64) -> u64 {
+        a.older
+            .as_ref()
+            .filter(|l| now_ms < self.usable_until(l))
+            .map_or(0, |l| l.remaining)
     }
 }
 

@@ -194,24 +194,57 @@ fn grants_that_break_the_contract_are_refused_and_change_nothing() {
 }
 
 #[test]
-fn a_new_grant_replaces_the_lease_the_ad_held() {
+fn a_new_grant_keeps_the_replaced_lease_and_spends_it_first() {
     let mut b = book(1);
+    let g1 = grant("ad-1", Some("L1"), 3 * UNIT, T0 + 10_000);
+    b.grant(0, 3 * UNIT, &g1, T0).unwrap();
+    b.spend(0, UNIT, T0).unwrap();
+    let g2 = grant("ad-1", Some("L2"), 3 * UNIT, T0 + 20_000);
+    b.grant(0, 3 * UNIT, &g2, T0).unwrap();
+    // L1's two units go first; an impression L1 cannot pay takes L2's.
+    assert_eq!(b.spend(0, UNIT, T0).as_deref(), Some("\"L1\""));
+    assert_eq!(b.spend(0, 2 * UNIT, T0).as_deref(), Some("\"L2\""));
+    assert_eq!(b.spend(0, UNIT, T0).as_deref(), Some("\"L1\""));
+    assert_eq!(b.spend(0, UNIT, T0).as_deref(), Some("\"L2\""));
+    assert_eq!(b.spend(0, 1, T0), None, "both spent");
+    // A third grant lets the first go: two leases at most.
+    let mut b = book(1);
+    for (i, at) in [(1, 10_000), (2, 20_000), (3, 30_000)] {
+        let id = format!("L{i}");
+        b.grant(
+            0,
+            3 * UNIT,
+            &grant("ad-1", Some(&id), 3 * UNIT, T0 + at),
+            T0,
+        )
+        .unwrap();
+    }
+    for _ in 0..6 {
+        assert_ne!(b.spend(0, UNIT, T0).as_deref(), Some("\"L1\""));
+    }
+    assert_eq!(b.spend(0, UNIT, T0), None);
+}
+
+#[test]
+fn the_older_lease_stops_paying_at_its_usable_end_and_counts_toward_low_water() {
+    let mut b = book(1);
+    b.note_requests(0, 1, T0);
     b.grant(
         0,
         9 * UNIT,
-        &grant("ad-1", Some("L1"), 9 * UNIT, T0 + 10_000),
+        &grant("ad-1", Some("L1"), 9 * UNIT, T0 + 5_000),
         T0,
     )
     .unwrap();
-    b.grant(
-        0,
-        3 * UNIT,
-        &grant("ad-1", Some("L2"), 3 * UNIT, T0 + 20_000),
-        T0,
-    )
-    .unwrap();
-    assert_eq!(b.spend(0, 3 * UNIT, T0).as_deref(), Some("\"L2\""));
-    assert_eq!(b.spend(0, 1, T0), None, "L1's remainder is gone with it");
+    b.grant(0, UNIT, &grant("ad-1", Some("L2"), UNIT, T0 + 20_000), T0)
+        .unwrap();
+    // L2 alone is below the highest cost, but with L1's nine units the ad
+    // has enough: no ask.
+    assert_eq!(b.ask(0, true, T0), None);
+    // Past L1's usable end (expiry less the one-second margin) L2 pays,
+    // and the ad is low.
+    assert_eq!(b.spend(0, UNIT, T0 + 4_000).as_deref(), Some("\"L2\""));
+    assert!(b.ask(0, true, T0 + 4_000).is_some());
 }
 
 #[test]
