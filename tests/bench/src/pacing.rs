@@ -91,6 +91,8 @@ pub struct RunResult {
     pub under_pct: Vec<f64>,
     /// (overspend + underspend) / budgets, constrained limits, percent.
     pub over_under_total_pct: f64,
+    /// Underspend / budgets, constrained limits, percent.
+    pub under_total_pct: f64,
     pub served: u64,
     pub spent_micros: u64,
     pub decision_errors: u64,
@@ -246,13 +248,14 @@ async fn one_run(
         over_pct: Vec::new(),
         under_pct: Vec::new(),
         over_under_total_pct: 0.0,
+        under_total_pct: 0.0,
         served: outcome.progress.served,
         spent_micros: outcome.progress.served_micros,
         decision_errors: outcome.progress.decision_errors,
         leases: outcome.progress.leases.clone(),
         exact: comparison.mismatches().is_empty(),
     };
-    let (mut off, mut budgets) = (0.0, 0.0);
+    let (mut off, mut short, mut budgets) = (0.0, 0.0, 0.0);
     for (id, limit) in &catalog.limits {
         let budget = limit.budget_micros as f64;
         let spend = outcome.truth.limits[id].lifetime_micros;
@@ -280,13 +283,18 @@ async fn one_run(
             result.constrained += 1;
             result.under_pct.push(under as f64 / budget * 100.0);
             off += (over + under) as f64;
+            short += under as f64;
             budgets += budget;
         }
     }
-    result.over_under_total_pct = if budgets > 0.0 {
-        off / budgets * 100.0
-    } else {
-        0.0
+    let share = |micros: f64| {
+        if budgets > 0.0 {
+            micros / budgets * 100.0
+        } else {
+            0.0
+        }
     };
+    result.over_under_total_pct = share(off);
+    result.under_total_pct = share(short);
     Ok(result)
 }

@@ -28,8 +28,8 @@ pub(crate) fn summary(r: &RunResult) -> String {
     };
     format!(
         "bench: pacing {} by {} delay {}s: {} limits, {} over budget (worst {:.2}%), {} within the \
-         stated bound, over+under {:.2}% of the constrained budgets; {} served, {} decision \
-         errors, exact {}{leases}",
+         stated bound, over+under {:.2}% (under {:.2}%) of the constrained budgets; {} served, \
+         {} decision errors, exact {}{leases}",
         r.algorithm,
         r.mode.name(),
         r.delay.as_secs_f64(),
@@ -38,6 +38,7 @@ pub(crate) fn summary(r: &RunResult) -> String {
         quantile(&r.over_pct, 1.0),
         r.within_bound,
         r.over_under_total_pct,
+        r.under_total_pct,
         r.served,
         r.decision_errors,
         r.exact
@@ -71,9 +72,9 @@ pub fn markdown(results: &[RunResult]) -> String {
     let mut out = String::from(
         "| pacer | mode | added delay | limits | within stated bound | over budget \
          | over % median / p99 / max | constrained limits | under % median / p99 / max \
-         | over+under % of budget | served | leases asked / granted / zero \
+         | over+under % of budget | under % of budget | served | leases asked / granted / zero \
          | units asked / granted | refused for lack of a lease | exact |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in results {
         let q = |v: &[f64]| {
@@ -87,8 +88,8 @@ pub fn markdown(results: &[RunResult]) -> String {
         let [asked, micros, refused] = lease_cells(r.mode, &r.leases);
         let _ = writeln!(
             out,
-            "| {} | {} | {} s | {} | {:.1}% | {} | {} | {} | {} | {:.2} | {} | {asked} | {micros} \
-             | {refused} | {} |",
+            "| {} | {} | {} s | {} | {:.1}% | {} | {} | {} | {} | {:.2} | {:.2} | {} | {asked} \
+             | {micros} | {refused} | {} |",
             r.algorithm,
             r.mode.name(),
             r.delay.as_secs_f64(),
@@ -99,6 +100,7 @@ pub fn markdown(results: &[RunResult]) -> String {
             r.constrained,
             q(&r.under_pct),
             r.over_under_total_pct,
+            r.under_total_pct,
             r.served,
             if r.exact { "yes" } else { "NO" }
         );
@@ -154,6 +156,7 @@ mod tests {
             over_pct,
             under_pct: vec![3.0],
             over_under_total_pct: 4.0,
+            under_total_pct: 3.0,
             served: 100,
             spent_micros: 100_000_000,
             decision_errors: 0,
@@ -190,6 +193,7 @@ mod tests {
         assert!(
             lines[2].contains("| decisions | 10 s |") && lines[2].contains("12.50 / 40.00 / 40.00")
         );
+        assert!(lines[2].contains("| 4.00 | 3.00 | 100 |"), "{}", lines[2]);
         assert!(lines[2].contains("| – | – | – |"), "{}", lines[2]);
         assert!(
             lines[3].contains("| 7 / 5 / 2 | 9 / 4 | 11 |"),

@@ -120,6 +120,13 @@ fn add_rows(args: &Args, bench: &PacingBench, r: &RunResult, table: &mut Table) 
         "% of budget",
         samples([r.over_under_total_pct]),
         None,
+        note.clone(),
+    );
+    table.add(
+        format!("{name}: underdelivery"),
+        "% of budget",
+        samples([r.under_total_pct]),
+        None,
         note,
     );
 }
