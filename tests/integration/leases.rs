@@ -3,8 +3,9 @@
 //! left, a killed pacer's grants stay counted and a restarted one knows
 //! them, spend reported under a lease is counted once through an
 //! aggregator kill and frees what it covers, a lease retires after expiry
-//! plus the grace, unknown and reused lease ids are spend like any other,
-//! and bad requests are refused naming the field, granting nothing.
+//! plus the grace, unknown, expired and reused lease ids are spend like
+//! any other, and bad requests are refused naming the field, granting
+//! nothing.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -375,12 +376,20 @@ async fn bad_requests_grant_nothing_and_a_lease_retires_after_expiry_and_grace()
         .await
         .unwrap();
     assert_eq!(gone.status(), 404);
+    // Spend reported under the expired, retired lease is spend like any
+    // other: counted once, and it holds nothing.
+    let late = line("after-expiry", "b-1", 30_000, Some(&id));
+    let client = p.client().await;
+    impressions(&client, std::slice::from_ref(&late)).await;
+    impressions(&client, &[late]).await;
+    wait_field(&pacer.addr, "camp-b", "spend_micros", FIRST_SPEND + 30_000).await;
+    assert_eq!(limit(&pacer.addr, "camp-b").await["leased_micros"], 0);
     let all = granted(
         &pacer.addr,
         json!({"ads": [{"ad_id": "b-1", "micros": 5_000_000}]}),
     )
     .await;
-    assert_eq!(micros(&all), BUDGET - FIRST_SPEND);
+    assert_eq!(micros(&all), BUDGET - FIRST_SPEND - 30_000);
 }
 
 /// The ledger's compare-and-set holds from the stream's first commit: a
