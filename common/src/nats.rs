@@ -1,6 +1,7 @@
 //! NATS JetStream: connection and the streams every service agrees on.
 
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
@@ -132,6 +133,39 @@ fn report_authentication(client: &async_nats::Client, nats: &NatsArgs, service: 
              give each service its ADSPEND_NATS_USER, ADSPEND_NATS_PASSWORD and \
              ADSPEND_NATS_TLS_CA (docs/SECURITY.md)"
         );
+    }
+}
+
+/// Whether the client has connected again since this was made. A server
+/// that restarted has lost what it held for the client (ephemeral
+/// consumers, acknowledgements it owed), and the client does not say so:
+/// who waits on such a thing watches for the reconnect.
+pub struct Reconnect<'a> {
+    statistics: &'a async_nats::Statistics,
+    connects: u64,
+}
+
+impl<'a> Reconnect<'a> {
+    /// How often [`Reconnect::wait`] looks.
+    const CHECK: Duration = Duration::from_millis(50);
+
+    /// Watches for the next reconnect of the client `statistics` belong to.
+    pub fn from_now(statistics: &'a async_nats::Statistics) -> Self {
+        Reconnect {
+            connects: statistics.connects.load(Ordering::Relaxed),
+            statistics,
+        }
+    }
+
+    pub fn happened(&self) -> bool {
+        self.statistics.connects.load(Ordering::Relaxed) != self.connects
+    }
+
+    /// Resolves once it has happened.
+    pub async fn wait(&self) {
+        while !self.happened() {
+            tokio::time::sleep(Self::CHECK).await;
+        }
     }
 }
 
@@ -327,4 +361,21 @@ pub async fn ensure_alerts(js: &jetstream::Context, replicas: usize) -> Result<s
         },
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_reconnect_is_seen_from_the_moment_it_was_watched() {
+        let statistics = async_nats::Statistics::default();
+        statistics.connects.store(1, Ordering::Relaxed);
+        let reconnect = Reconnect::from_now(&statistics);
+        assert!(!reconnect.happened());
+        statistics.connects.fetch_add(1, Ordering::Relaxed);
+        assert!(reconnect.happened());
+        reconnect.wait().await;
+        assert!(!Reconnect::from_now(&statistics).happened());
+    }
 }

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use adspend_common::nats::spend_subject;
+use adspend_common::nats::{spend_subject, Reconnect};
 use adspend_common::now_ms;
 use adspend_wire::codec::encode_spend;
 use adspend_wire::types::{CheckpointMarker, SpendMessage};
@@ -40,8 +40,6 @@ pub(crate) const TRIES_BEFORE_BLAME: u32 = 5;
 /// Longest wait for one window to be acknowledged.
 const WINDOW_TIMEOUT: Duration = Duration::from_secs(15);
 const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// How often a window awaiting its acknowledgements looks for a reconnect.
-const RECONNECT_CHECK: Duration = Duration::from_millis(50);
 
 /// One message to publish.
 pub(crate) struct OutMessage {
@@ -156,7 +154,7 @@ impl Publisher {
             // A publish blocks while NATS is unreachable and the client's
             // buffer is full: bound it, and let shutdown interrupt it.
             let attempt = tokio::time::timeout(WINDOW_TIMEOUT, self.try_window(window));
-            let connects = self.statistics.connects.load(Ordering::Relaxed);
+            let reconnect = Reconnect::from_now(&self.statistics);
             let result = tokio::select! {
                 _ = self.shutdown.cancelled() => return Publish::Abandoned,
                 result = attempt => result.unwrap_or_else(|_| {
@@ -165,7 +163,7 @@ impl Publisher {
                 // The acknowledgements a lost server owed will not come:
                 // publish again now rather than at the ack timeout (the
                 // message ids make the copies duplicates).
-                () = reconnected(&self.statistics, connects) => Err(Failure::outage(
+                () = reconnect.wait() => Err(Failure::outage(
                     "NATS reconnected while acknowledgements were awaited".into(),
                 )),
             };
@@ -250,13 +248,6 @@ impl Publisher {
             seqs.push(ack.sequence);
         }
         Ok(seqs)
-    }
-}
-
-/// Resolves once the client has connected again since it had `connects`.
-async fn reconnected(statistics: &async_nats::Statistics, connects: u64) {
-    while statistics.connects.load(Ordering::Relaxed) == connects {
-        tokio::time::sleep(RECONNECT_CHECK).await;
     }
 }
 

@@ -5,11 +5,10 @@
 //! take seconds). Before reading, the stream's bounds are checked against
 //! the restore point (DESIGN.md rule 4).
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use adspend_common::nats::spend_subject;
+use adspend_common::nats::{spend_subject, Reconnect};
 use adspend_common::now_ms;
 use adspend_wire::codec::decode_spend;
 use async_nats::jetstream::consumer::{pull::OrderedConfig, DeliverPolicy};
@@ -154,9 +153,9 @@ impl Consumer {
         let mut first = true;
         let statistics = self.deadletters.client().statistics();
         loop {
-            // Read before the consumer is made: a reconnect from here on
-            // may have lost it.
-            let connects = statistics.connects.load(Relaxed);
+            // Watched from before the consumer is made: a reconnect from
+            // here on may have lost it.
+            let reconnect = Reconnect::from_now(&statistics);
             // On every (re)creation: a stream that lost messages we still
             // need, or went back below what we applied, is a loud stop.
             if !first {
@@ -189,8 +188,7 @@ impl Consumer {
                     }
                 }
             };
-            let reconnected = || statistics.connects.load(Relaxed) != connects;
-            if let Next::Stop = self.drain(&mut messages, &reconnected, &cancel).await? {
+            if let Next::Stop = self.drain(&mut messages, &reconnect, &cancel).await? {
                 return Ok(());
             }
             tokio::select! {
@@ -206,7 +204,7 @@ impl Consumer {
     async fn drain<S, E>(
         &mut self,
         messages: &mut S,
-        reconnected: &impl Fn() -> bool,
+        reconnect: &Reconnect<'_>,
         cancel: &CancellationToken,
     ) -> Result<Next, Error>
     where
@@ -229,7 +227,7 @@ impl Consumer {
                 // behind it and the writer applied everything handed to
                 // it, the sums are complete as of now.
                 _ = idle.tick() => {
-                    if reconnected() {
+                    if reconnect.happened() {
                         tracing::info!(next_seq = self.next_seq, "NATS reconnected; recreating the SPEND consumer");
                         return Ok(Next::Recreate);
                     }
