@@ -46,7 +46,7 @@ pub(crate) fn read_routes() -> [Route<AppState>; 7] {
 }
 
 /// Behind the decide scope.
-pub(crate) fn decide_routes() -> [Route<AppState>; 2] {
+pub(crate) fn decide_routes() -> [Route<AppState>; 3] {
     [
         (
             "post",
@@ -54,6 +54,11 @@ pub(crate) fn decide_routes() -> [Route<AppState>; 2] {
             post(crate::http::decisions::decisions),
         ),
         ("post", "/v1/leases", post(crate::http::leases::grant)),
+        (
+            "post",
+            "/v1/leases/release",
+            post(crate::http::leases::release),
+        ),
     ]
 }
 

@@ -1,7 +1,7 @@
-//! `POST /v1/leases` (decide scope) and `GET /v1/leases/{lease_id}` (read
-//! scope): the request checked field by field (every error names its
-//! field, and nothing is granted when any ad is wrong), then granted by the
-//! committer.
+//! `POST /v1/leases` and `POST /v1/leases/release` (decide scope), and
+//! `GET /v1/leases/{lease_id}` (read scope): each request checked field by
+//! field (every error names its field, and nothing is granted or released
+//! when any entry is wrong), then committed to the ledger.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -15,7 +15,7 @@ use adspend_wire::types::MAX_ID_LEN;
 
 use crate::http::app::AppState;
 use crate::http::reply::{error, ApiJson, ApiPath};
-use crate::leases::Ask;
+use crate::leases::{Ask, Release};
 
 /// Shortest and longest lease, and the default (CONTRACT.md).
 pub(super) const MIN_TTL_MS: u64 = 1_000;
@@ -147,6 +147,121 @@ pub(crate) async fn grant(
     }
 }
 
+/// The body of `POST /v1/leases/release`.
+#[derive(Deserialize)]
+pub(crate) struct ReleaseRequest {
+    leases: Vec<Value>,
+}
+
+/// One lease of a release, as answered.
+#[derive(Serialize, Debug, PartialEq)]
+struct ReleaseAnswer {
+    lease_id: String,
+    /// False when no live lease has the id (never granted, granted
+    /// nothing, or retired): there was nothing to release.
+    released: bool,
+    /// What the lease still holds of each of its limits: served and not
+    /// yet reported.
+    held_micros: u64,
+}
+
+#[derive(Serialize)]
+struct ReleaseResponse {
+    leases: Vec<ReleaseAnswer>,
+}
+
+/// `leases[i]` checked: a lease id of the pacers' format, served micros an
+/// integer >= 0.
+fn release_of(i: usize, raw: &Value) -> Result<(LeaseId, Release), String> {
+    let Value::Object(fields) = raw else {
+        return Err(format!(
+            "leases[{i}] must be an object with \"lease_id\" and \"served_micros\""
+        ));
+    };
+    let id = match fields.get("lease_id") {
+        Some(Value::String(id)) => LeaseId::parse(id)
+            .ok_or_else(|| format!("leases[{i}].lease_id {id:?} is not a lease id"))?,
+        Some(_) => return Err(format!("leases[{i}].lease_id must be a string")),
+        None => return Err(format!("leases[{i}].lease_id is missing")),
+    };
+    let served_micros = match fields.get("served_micros") {
+        Some(Value::Number(n)) => n.as_u64(),
+        Some(_) => None,
+        None => return Err(format!("leases[{i}].served_micros is missing")),
+    }
+    .ok_or_else(|| format!("leases[{i}].served_micros must be an integer >= 0"))?;
+    let release = Release {
+        lease_id: id.encode(),
+        served_micros,
+    };
+    Ok((id, release))
+}
+
+/// `POST /v1/leases/release`: the ad server is done with these leases and
+/// says what it served under each; what it did not serve is freed for
+/// every pacer at once, and what it served stays held until reported.
+pub(crate) async fn release(
+    State(app): State<AppState>,
+    ApiJson(request): ApiJson<ReleaseRequest>,
+) -> Response {
+    let Some(leases) = app.leases.clone() else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "spend leases are not available on this pacer",
+        );
+    };
+    if request.leases.len() > app.max_decision_ids {
+        metrics::counter!(crate::telemetry::PACER_HTTP_REFUSED_TOTAL, "reason" => "lease_releases")
+            .increment(1);
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "leases: {} leases, at most {} in one request (ADSPEND_PACER_MAX_DECISION_IDS)",
+                request.leases.len(),
+                app.max_decision_ids
+            ),
+        );
+    }
+    let checked: Result<Vec<(LeaseId, Release)>, String> = request
+        .leases
+        .iter()
+        .enumerate()
+        .map(|(i, raw)| release_of(i, raw))
+        .collect();
+    let checked = match checked {
+        Ok(c) => c,
+        Err(e) => return error(StatusCode::UNPROCESSABLE_ENTITY, e),
+    };
+    // Only live leases not released yet go to the ledger; the rest would
+    // change nothing.
+    let to_commit: Vec<Release> = {
+        let ledger = leases.ledger();
+        checked
+            .iter()
+            .filter(|(id, _)| ledger.lease(id).is_some_and(|l| l.served.is_none()))
+            .map(|(_, release)| release.clone())
+            .collect()
+    };
+    if !to_commit.is_empty() {
+        if let Err(unavailable) = leases.release(to_commit).await {
+            return error(StatusCode::SERVICE_UNAVAILABLE, unavailable.0);
+        }
+    }
+    let ledger = leases.ledger();
+    let answers = checked
+        .into_iter()
+        .map(|(id, release)| {
+            let lease = ledger.lease(&id);
+            ReleaseAnswer {
+                lease_id: release.lease_id,
+                released: lease.is_some_and(|l| l.served.is_some()),
+                held_micros: lease.map_or(0, |l| l.holds()),
+            }
+        })
+        .collect();
+    Json(ReleaseResponse { leases: answers }).into_response()
+}
+
 /// One live lease as this pacer holds it.
 #[derive(Serialize)]
 struct LeaseView {
@@ -158,6 +273,10 @@ struct LeaseView {
     reported_micros: u64,
     /// What it still holds of each of its limits.
     held_micros: u64,
+    /// What its ad server said it served when it released it; absent
+    /// while it is not released.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    served_micros: Option<u64>,
     expires_at_ms: i64,
 }
 
@@ -185,7 +304,8 @@ pub(crate) async fn read(
             limits: lease.limits.iter().map(|l| l.to_string()).collect(),
             granted_micros: lease.granted,
             reported_micros: lease.reported,
-            held_micros: lease.granted - lease.covered,
+            held_micros: lease.holds(),
+            served_micros: lease.served,
             expires_at_ms: id.expires_at_ms,
         })
         .into_response(),
@@ -199,6 +319,47 @@ pub(crate) async fn read(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_release_is_checked_and_named() {
+        let id = LeaseId {
+            expires_at_ms: 5_000,
+            seq: 3,
+            index: 1,
+        };
+        let good = serde_json::json!({"lease_id": id.encode(), "served_micros": 0});
+        assert_eq!(release_of(0, &good).map(|(parsed, _)| parsed), Ok(id));
+        for (bad, named) in [
+            (serde_json::json!("x"), "leases[2] must be an object"),
+            (
+                serde_json::json!({"served_micros": 1}),
+                "leases[2].lease_id is missing",
+            ),
+            (
+                serde_json::json!({"lease_id": 7, "served_micros": 1}),
+                "leases[2].lease_id must be a string",
+            ),
+            (
+                serde_json::json!({"lease_id": "00.1.1", "served_micros": 1}),
+                "leases[2].lease_id \"00.1.1\" is not a lease id",
+            ),
+            (
+                serde_json::json!({"lease_id": id.encode()}),
+                "leases[2].served_micros is missing",
+            ),
+            (
+                serde_json::json!({"lease_id": id.encode(), "served_micros": -1}),
+                "leases[2].served_micros must be an integer >= 0",
+            ),
+            (
+                serde_json::json!({"lease_id": id.encode(), "served_micros": 1.5}),
+                "leases[2].served_micros must be an integer >= 0",
+            ),
+        ] {
+            let e = release_of(2, &bad).unwrap_err();
+            assert!(e.starts_with(named), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn ttl_is_checked_and_named() {

@@ -4,12 +4,15 @@
 //!
 //! A lease holds `granted - covered` of every limit above its ad, where
 //! `covered` is the spend reported under the lease so far (never more than
-//! `granted`). It holds that until it has expired and the pipeline has
-//! caught up past its expiry plus the grace; then it is retired and holds
+//! `granted`). Once its ad server has released it, saying what it served
+//! under it, it holds only `served - covered`: the rest will never be
+//! spent. It holds that until it has expired and the pipeline has caught
+//! up past its expiry plus the grace; then it is retired and holds
 //! nothing. [`Ledger::held`] is that sum per limit: the spend in flight the
 //! grants must leave room for.
 //!
-//! Pure bookkeeping: folding grants in stream order ([`Ledger::fold`]),
+//! Pure bookkeeping: folding grants and releases in stream order
+//! ([`Ledger::fold`]),
 //! reports of spend per lease from the sums pushes ([`Ledger::report`]),
 //! and retirement ([`Ledger::retire`]). A report may come before the grant
 //! it is about has been folded (another pacer granted it a moment ago): it
@@ -32,13 +35,26 @@ pub(crate) struct Grant {
     pub(crate) expires_at_ms: i64,
 }
 
-/// One message of the ledger stream: the grants of one commit.
+/// An ad server is done with a lease and says how much it served under
+/// it: the lease holds no more than that from then on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Release {
+    /// The lease id as handed out.
+    pub(crate) lease_id: String,
+    pub(crate) served_micros: u64,
+}
+
+/// One message of the ledger stream: the grants and releases of one
+/// commit.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Batch {
     /// The pacer that granted them (its instance name, for operators).
     pub(crate) pacer: String,
     pub(crate) at_ms: i64,
     pub(crate) grants: Vec<Grant>,
+    /// Absent in commits written before releases existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) releases: Vec<Release>,
 }
 
 impl Batch {
@@ -63,11 +79,18 @@ pub(crate) struct Lease {
     /// Spend reported under the lease, all of it (may pass `granted`: the
     /// ad server went beyond its grant).
     pub(crate) reported: u64,
+    /// What its ad server said it served under it when it released it
+    /// (the first release counts; later ones change nothing).
+    pub(crate) served: Option<u64>,
 }
 
 impl Lease {
-    fn holds(&self) -> u64 {
-        self.granted - self.covered
+    /// What the lease holds of each of its limits: what may still be
+    /// spent, or was spent and not yet reported, under it.
+    pub(crate) fn holds(&self) -> u64 {
+        self.granted
+            .min(self.served.unwrap_or(u64::MAX))
+            .saturating_sub(self.covered)
     }
 }
 
@@ -82,6 +105,16 @@ pub(crate) struct Retired {
     pub(crate) leases: u64,
     /// Granted and never covered by reported spend.
     pub(crate) unused_micros: u64,
+}
+
+/// What releases have freed, all pacers' together, since this pacer
+/// started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Released {
+    pub(crate) leases: u64,
+    /// Granted, not served, and freed by the release (before expiry plus
+    /// the grace).
+    pub(crate) micros: u64,
 }
 
 /// What the live leases of one limit hold.
@@ -106,6 +139,7 @@ pub(crate) struct Ledger {
     folded_seq: u64,
     /// Limit ids, shared by the leases that name them.
     names: HashMap<Arc<str>, ()>,
+    released: Released,
 }
 
 impl Ledger {
@@ -137,6 +171,23 @@ impl Ledger {
         self.leases.get(id)
     }
 
+    pub(crate) fn released(&self) -> Released {
+        self.released
+    }
+
+    /// Lease `id` went from holding `before` to holding `after` of each of
+    /// its limits.
+    fn rehold(&mut self, id: &LeaseId, before: u64, after: u64) {
+        let Some(lease) = self.leases.get(id) else {
+            return;
+        };
+        for limit in &lease.limits {
+            if let Some(held) = self.held.get_mut(limit) {
+                held.micros = (held.micros + after).saturating_sub(before);
+            }
+        }
+    }
+
     fn name(&mut self, limit: &str) -> Arc<str> {
         match self.names.get_key_value(limit) {
             Some((name, ())) => name.clone(),
@@ -150,7 +201,8 @@ impl Ledger {
 
     /// Fold the batch stored at `seq`; a batch at or below the last folded
     /// sequence was folded already and changes nothing. Grants of nothing
-    /// (0 micros) hold nothing and are not kept.
+    /// (0 micros) hold nothing and are not kept. A release of a lease that
+    /// is not live (retired, or never granted) changes nothing.
     pub(crate) fn fold(&mut self, seq: u64, batch: &Batch) {
         if seq <= self.folded_seq {
             return;
@@ -169,6 +221,7 @@ impl Ledger {
                 granted: grant.micros,
                 covered: reported.min(grant.micros),
                 reported,
+                served: None,
             };
             for limit in &lease.limits {
                 let held = self.held.entry(limit.clone()).or_default();
@@ -177,6 +230,27 @@ impl Ledger {
             }
             self.leases.insert(id, lease);
         }
+        for release in &batch.releases {
+            self.release(release);
+        }
+    }
+
+    fn release(&mut self, release: &Release) {
+        let Some(id) = LeaseId::parse(&release.lease_id) else {
+            return;
+        };
+        let Some(lease) = self.leases.get_mut(&id) else {
+            return;
+        };
+        if lease.served.is_some() {
+            return;
+        }
+        let before = lease.holds();
+        lease.served = Some(release.served_micros);
+        let after = lease.holds();
+        self.released.leases += 1;
+        self.released.micros += before - after;
+        self.rehold(&id, before, after);
     }
 
     /// A sums push complete as of `as_of_ms` says `reported` micros have
@@ -217,17 +291,11 @@ impl Ledger {
         if reported <= lease.reported {
             return;
         }
+        let before = lease.holds();
         lease.reported = reported;
-        let covered = reported.min(lease.granted);
-        let freed = covered.saturating_sub(lease.covered);
-        lease.covered = lease.covered.max(covered);
-        if freed > 0 {
-            for limit in &lease.limits {
-                if let Some(held) = self.held.get_mut(limit) {
-                    held.micros = held.micros.saturating_sub(freed);
-                }
-            }
-        }
+        lease.covered = lease.covered.max(reported.min(lease.granted));
+        let after = lease.holds();
+        self.rehold(&id, before, after);
     }
 
     /// Retire the leases that expired more than `grace_ms` before
@@ -266,139 +334,4 @@ impl Ledger {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn grant(ad: &str, limits: &[&str], micros: u64, expires_at_ms: i64) -> Grant {
-        Grant {
-            ad_id: ad.into(),
-            limits: limits.iter().map(|l| l.to_string()).collect(),
-            micros,
-            expires_at_ms,
-        }
-    }
-
-    fn batch(grants: Vec<Grant>) -> Batch {
-        Batch {
-            pacer: "p".into(),
-            at_ms: 0,
-            grants,
-        }
-    }
-
-    #[test]
-    fn a_grant_holds_its_limits_until_covered() {
-        let mut ledger = Ledger::default();
-        ledger.fold(
-            1,
-            &batch(vec![
-                grant("ad-1", &["s", "c"], 1_000, 30_000),
-                grant("ad-2", &["c"], 500, 30_000),
-                grant("ad-3", &["c"], 0, 30_000),
-            ]),
-        );
-        assert_eq!((ledger.held("s"), ledger.held("c")), (1_000, 1_500));
-        assert_eq!(ledger.live(), 2, "a grant of nothing is not kept");
-        let first = Batch::lease_id(1, 0, &grant("", &[], 0, 30_000));
-        ledger.report(first, 400, 0);
-        ledger.settle(i64::MAX);
-        assert_eq!((ledger.held("s"), ledger.held("c")), (600, 1_100));
-        // A push that is not newer changes nothing.
-        ledger.report(first, 300, 0);
-        ledger.settle(i64::MAX);
-        assert_eq!(ledger.held("c"), 1_100);
-        // Beyond the grant: it holds nothing, and no more is freed.
-        ledger.report(first, 1_700, 0);
-        ledger.settle(i64::MAX);
-        assert_eq!((ledger.held("s"), ledger.held("c")), (0, 500));
-        assert_eq!(ledger.lease(&first).map(|l| l.reported), Some(1_700));
-    }
-
-    #[test]
-    fn a_batch_folds_once() {
-        let mut ledger = Ledger::default();
-        let b = batch(vec![grant("ad-1", &["c"], 1_000, 30_000)]);
-        ledger.fold(4, &b);
-        ledger.fold(4, &b);
-        ledger.fold(3, &b);
-        assert_eq!(ledger.held("c"), 1_000);
-        assert_eq!(ledger.folded_seq(), 4);
-        ledger.fold(5, &b);
-        assert_eq!(ledger.held("c"), 2_000, "a later batch is another grant");
-    }
-
-    #[test]
-    fn a_report_before_its_grant_waits_for_it() {
-        let mut ledger = Ledger::default();
-        let g = grant("ad-1", &["c"], 1_000, 30_000);
-        ledger.report(Batch::lease_id(7, 0, &g), 250, 0);
-        ledger.settle(i64::MAX);
-        ledger.fold(7, &batch(vec![g]));
-        assert_eq!(ledger.held("c"), 750);
-    }
-
-    #[test]
-    fn retired_after_expiry_plus_grace_once_caught_up() {
-        let mut ledger = Ledger::default();
-        ledger.fold(
-            1,
-            &batch(vec![
-                grant("ad-1", &["c"], 1_000, 10_000),
-                grant("ad-2", &["c"], 2_000, 20_000),
-            ]),
-        );
-        let first = Batch::lease_id(1, 0, &grant("", &[], 0, 10_000));
-        ledger.report(first, 100, 0);
-        ledger.settle(i64::MAX);
-        assert_eq!(ledger.retire(69_999, 60_000), Retired::default());
-        assert_eq!(
-            ledger.held_by("c"),
-            Held {
-                micros: 2_900,
-                leases: 2
-            }
-        );
-        assert_eq!(
-            ledger.retire(70_000, 60_000),
-            Retired {
-                leases: 1,
-                unused_micros: 900
-            }
-        );
-        assert_eq!(ledger.held("c"), 2_000);
-        assert_eq!(ledger.retire(i64::MAX, 60_000).leases, 1);
-        assert_eq!(ledger.held_by("c"), Held::default());
-        assert_eq!(ledger.live(), 0);
-        // A report of a retired lease holds nothing and is not kept.
-        ledger.report(first, 500, 0);
-        ledger.settle(i64::MAX);
-        assert_eq!(ledger.held("c"), 0);
-        assert!(ledger.early.is_empty());
-    }
-
-    #[test]
-    fn a_report_frees_nothing_until_every_shard_has_caught_up_with_it() {
-        let mut ledger = Ledger::default();
-        let g = grant("ad-1", &["c"], 1_000, 60_000);
-        ledger.fold(1, &batch(vec![g.clone()]));
-        let id = Batch::lease_id(1, 0, &g);
-        // Reported by a push complete as of 10 s: the limit's own spend may
-        // still be on its way from another shard.
-        ledger.report(id, 600, 10_000);
-        ledger.settle(10_000 + REPORT_MARGIN_MS - 1);
-        assert_eq!(ledger.held("c"), 1_000);
-        ledger.settle(10_000 + REPORT_MARGIN_MS);
-        assert_eq!(ledger.held("c"), 400);
-    }
-
-    #[test]
-    fn early_reports_are_forgotten_once_they_cannot_matter() {
-        let mut ledger = Ledger::default();
-        let g = grant("ad-1", &["c"], 1_000, 10_000);
-        ledger.report(Batch::lease_id(9, 0, &g), 5, 0);
-        ledger.settle(i64::MAX);
-        assert_eq!(ledger.early.len(), 1);
-        ledger.retire(70_000, 60_000);
-        assert!(ledger.early.is_empty());
-    }
-}
+mod tests;
