@@ -17,8 +17,8 @@ use serde_json::{json, Value};
 
 use crate::support::{Backends, Pipeline};
 
-const BUDGET: u64 = 1_000_000;
-const FIRST_SPEND: u64 = 100_000;
+pub(crate) const BUDGET: u64 = 1_000_000;
+pub(crate) const FIRST_SPEND: u64 = 100_000;
 
 /// `camp-a` (ads a-1, a-2) and `camp-b` (ad b-1), lifetime, `BUDGET` each.
 fn catalog() -> sim::Catalog {
@@ -38,7 +38,7 @@ fn catalog() -> sim::Catalog {
     }
 }
 
-async fn impressions(client: &async_nats::Client, lines: &[String]) {
+pub(crate) async fn impressions(client: &async_nats::Client, lines: &[String]) {
     sim::ensure_stream(client).await.expect("IMPRESSIONS");
     let js = jetstream::new(client.clone());
     js.publish("impressions.leases", lines.join("\n").into())
@@ -48,7 +48,7 @@ async fn impressions(client: &async_nats::Client, lines: &[String]) {
         .expect("impressions acknowledged");
 }
 
-fn line(id: &str, ad: &str, cost: u64, lease: Option<&str>) -> String {
+pub(crate) fn line(id: &str, ad: &str, cost: u64, lease: Option<&str>) -> String {
     let mut event =
         json!({"id": id, "ad_id": ad, "cost_micros": cost, "ts": adspend_common::now_ms()});
     if let Some(lease) = lease {
@@ -57,12 +57,12 @@ fn line(id: &str, ad: &str, cost: u64, lease: Option<&str>) -> String {
     event.to_string()
 }
 
-struct Pacer {
-    addr: String,
-    process: ServiceProcess,
+pub(crate) struct Pacer {
+    pub(crate) addr: String,
+    pub(crate) process: ServiceProcess,
 }
 
-fn spawn_pacer(p: &Pipeline, extra: &[(&str, &str)]) -> Pacer {
+pub(crate) fn spawn_pacer(p: &Pipeline, extra: &[(&str, &str)]) -> Pacer {
     let addr = format!("127.0.0.1:{}", free_port());
     let mut settings = vec![("ADSPEND_PACER_ADDR", addr.as_str())];
     settings.extend_from_slice(extra);
@@ -70,7 +70,7 @@ fn spawn_pacer(p: &Pipeline, extra: &[(&str, &str)]) -> Pacer {
     Pacer { addr, process }
 }
 
-async fn lease(addr: &str, body: Value) -> (u16, Value) {
+pub(crate) async fn lease(addr: &str, body: Value) -> (u16, Value) {
     let response = reqwest::Client::new()
         .post(format!("http://{addr}/v1/leases"))
         .json(&body)
@@ -83,7 +83,7 @@ async fn lease(addr: &str, body: Value) -> (u16, Value) {
 
 /// A lease request the pacer answers 200 (it answers 503 while it reads
 /// the ledger after a start).
-async fn granted(addr: &str, body: Value) -> Vec<Value> {
+pub(crate) async fn granted(addr: &str, body: Value) -> Vec<Value> {
     let mut last = (0, Value::Null);
     for _ in 0..100 {
         last = lease(addr, body.clone()).await;
@@ -95,7 +95,7 @@ async fn granted(addr: &str, body: Value) -> Vec<Value> {
     panic!("{addr}: no lease answer: {last:?}");
 }
 
-async fn limit(addr: &str, id: &str) -> Value {
+pub(crate) async fn limit(addr: &str, id: &str) -> Value {
     reqwest::get(format!("http://{addr}/v1/limits/{id}"))
         .await
         .expect("GET limit")
@@ -105,7 +105,7 @@ async fn limit(addr: &str, id: &str) -> Value {
 }
 
 /// Waits until `field` of limit `id` on the pacer at `addr` is `want`.
-async fn wait_field(addr: &str, id: &str, field: &str, want: u64) {
+pub(crate) async fn wait_field(addr: &str, id: &str, field: &str, want: u64) {
     let reached = wait_until(
         Duration::from_secs(30),
         Duration::from_millis(100),
@@ -116,7 +116,7 @@ async fn wait_field(addr: &str, id: &str, field: &str, want: u64) {
     assert!(reached.is_ok(), "{addr}: {id}.{field} never {want}: {seen}");
 }
 
-async fn wait_healthy(addr: &str) {
+pub(crate) async fn wait_healthy(addr: &str) {
     wait_until(
         Duration::from_secs(30),
         Duration::from_millis(100),
@@ -132,7 +132,7 @@ async fn wait_healthy(addr: &str) {
 
 /// The pipeline without a pacer, with `FIRST_SPEND` already on both
 /// campaigns.
-async fn start() -> Pipeline {
+pub(crate) async fn start() -> Pipeline {
     let mut p = Pipeline::start_with(Backends::default(), NatsOptions::default(), catalog()).await;
     p.aggregator = Some(p.spawn("aggregator"));
     p.limiter = Some(p.spawn("limiter"));
@@ -148,7 +148,7 @@ async fn start() -> Pipeline {
     p
 }
 
-fn micros(leases: &[Value]) -> u64 {
+pub(crate) fn micros(leases: &[Value]) -> u64 {
     leases
         .iter()
         .map(|l| l["granted_micros"].as_u64().unwrap())

@@ -19,6 +19,7 @@ mod fair_watch;
 mod freshness;
 mod full_disk;
 mod harness_selftest;
+mod lease_release;
 mod leases;
 mod limiter_stall;
 mod membership;
