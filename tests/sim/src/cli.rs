@@ -106,7 +106,7 @@ pub enum ModeArg {
     /// POST /v1/decisions for the requested ads; serve a servable ad with
     /// probability equal to its multiplier.
     Decisions,
-    /// Lease spend ahead (POST /v1/leases), at most one live lease per ad
+    /// Lease spend ahead (POST /v1/leases), at most two live leases per ad
     /// and server; serve only what a lease can pay for before its expiry,
     /// with the lease_id on every impression.
     Leases,
@@ -165,6 +165,12 @@ pub struct ServeArgs {
     /// less the margin), and at least one impression at the highest cost.
     #[arg(long, env = "ADSIM_LEASE_ASK_SHARE", default_value_t = 0.5)]
     pub lease_ask_share: f64,
+    /// Leases: release each lease let go with something left
+    /// (POST /v1/leases/release, saying what was served under it), so the
+    /// pacers free the rest at once; false leaves it held until expiry plus
+    /// the pacers' grace.
+    #[arg(long, env = "ADSIM_LEASE_RELEASE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub lease_release: bool,
     /// Hold each served impression back this long before publishing it
     /// (a slow path from ad server to stream; its ts stays the serving time).
     #[arg(long, env = "ADSIM_PUBLISH_DELAY", default_value = "0s", value_parser = super::parse_duration)]
@@ -219,6 +225,7 @@ impl ServeArgs {
                 ttl: Duration::from_millis(self.lease_ttl_ms),
                 margin: Duration::from_millis(self.lease_margin_ms),
                 ask_share: self.lease_ask_share,
+                release: self.lease_release,
             }),
         }
     }
@@ -231,7 +238,7 @@ pub fn loop_line(p: &LoopProgress) -> String {
     let calls = if matches!(p.mode, ServeMode::Leases(_)) {
         format!(
             "{} lease calls ({} failed), {} leases asked, {} granted, {} zero, {:.2} of {:.2} \
-             asked granted, {} requests refused for lack of a lease",
+             asked granted, {} released, {} requests refused for lack of a lease",
             l.calls,
             l.errors,
             l.asked,
@@ -239,6 +246,7 @@ pub fn loop_line(p: &LoopProgress) -> String {
             l.zero,
             l.micros_granted as f64 / 1e6,
             l.micros_asked as f64 / 1e6,
+            l.released,
             l.refused
         )
     } else {
@@ -268,7 +276,7 @@ pub fn loop_summary(p: &LoopProgress) -> String {
         ),
         ServeMode::Leases(_) => format!(
             "{} refused for lack of a lease; {} lease calls ({} failed), {} leases asked, \
-             {} granted, {} granted nothing, {:.2} of {:.2} asked granted",
+             {} granted, {} granted nothing, {:.2} of {:.2} asked granted, {} released in {} calls",
             l.refused,
             l.calls,
             l.errors,
@@ -276,7 +284,9 @@ pub fn loop_summary(p: &LoopProgress) -> String {
             l.granted,
             l.zero,
             l.micros_granted as f64 / 1e6,
-            l.micros_asked as f64 / 1e6
+            l.micros_asked as f64 / 1e6,
+            l.released,
+            l.release_calls
         ),
     };
     format!(

@@ -195,6 +195,8 @@ pub(crate) struct Counters {
     pub(crate) lease_micros_asked: AtomicU64,
     pub(crate) lease_micros_granted: AtomicU64,
     pub(crate) refused_no_lease: AtomicU64,
+    pub(crate) release_calls: AtomicU64,
+    pub(crate) leases_released: AtomicU64,
 }
 
 /// A snapshot of a running loop, reported every `progress_interval`.
@@ -236,6 +238,10 @@ pub struct LeaseCounts {
     /// Requests not served because no live lease of their ad could pay
     /// for them.
     pub refused: u64,
+    /// `POST /v1/leases/release` calls (their failures count in `errors`),
+    /// and leases they released.
+    pub release_calls: u64,
+    pub released: u64,
 }
 
 impl Counters {
@@ -261,6 +267,8 @@ impl Counters {
                 micros_asked: self.lease_micros_asked.load(Relaxed),
                 micros_granted: self.lease_micros_granted.load(Relaxed),
                 refused: self.refused_no_lease.load(Relaxed),
+                release_calls: self.release_calls.load(Relaxed),
+                released: self.leases_released.load(Relaxed),
             },
         }
     }

@@ -10,7 +10,10 @@
 //! ([`LeaseBook::asks`]) in one call, records the answers
 //! ([`LeaseBook::grant`]), and serves a request only when
 //! [`LeaseBook::spend`] takes its cost out of a lease that still has it and
-//! is not within the margin of its expiry.
+//! is not within the margin of its expiry. A lease the book lets go with
+//! something left (its usable end passed, or a newer pair replaced it) is
+//! released (`POST /v1/leases/release`, [`LeaseBook::take_releases`]),
+//! saying what was served under it, so the pacers free the rest at once.
 //! Every call takes the server's clock (unix ms), so the rules are tested
 //! without a pacer or a timer.
 
@@ -35,10 +38,12 @@ pub enum ServeMode {
 }
 
 impl ServeMode {
-    /// `decisions` or `leases`, as the command lines spell it.
+    /// `decisions` or `leases` as the command lines spell them; `leases
+    /// unreleased` for leases never released.
     pub fn name(&self) -> &'static str {
         match self {
             ServeMode::Decisions => "decisions",
+            ServeMode::Leases(p) if !p.release => "leases unreleased",
             ServeMode::Leases(_) => "leases",
         }
     }
@@ -66,6 +71,10 @@ pub struct LeasePolicy {
     /// usable life (ttl less the margin), and at least one impression at
     /// the highest cost.
     pub ask_share: f64,
+    /// Release each lease let go with something left, saying what was
+    /// served under it; without, what is left stays held at the pacers
+    /// until expiry plus their grace.
+    pub release: bool,
 }
 
 impl Default for LeasePolicy {
@@ -74,6 +83,7 @@ impl Default for LeasePolicy {
             ttl: Duration::from_secs(30),
             margin: Duration::from_secs(1),
             ask_share: 0.5,
+            release: true,
         }
     }
 }
@@ -145,6 +155,29 @@ pub(crate) struct LeaseGrant {
     pub(crate) expires_at_ms: i64,
 }
 
+/// The body of `POST /v1/leases/release`.
+#[derive(Debug, Serialize)]
+pub(crate) struct ReleaseRequest<'a> {
+    pub(crate) leases: &'a [LeaseRelease],
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct LeaseRelease {
+    pub(crate) lease_id: String,
+    pub(crate) served_micros: u64,
+}
+
+/// The answer of `POST /v1/leases/release`, one per lease, in order.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ReleaseResponse {
+    pub(crate) leases: Vec<ReleaseAnswer>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ReleaseAnswer {
+    pub(crate) released: bool,
+}
+
 /// What a grant did to the book.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Granted {
@@ -165,11 +198,23 @@ const ZERO_BACKOFF_MAX_MS: i64 = 8_000;
 /// A live lease: what is left of its grant, and its expiry by the pacer.
 #[derive(Debug, Clone)]
 struct Lease {
+    id: Arc<str>,
     /// The lease id as a JSON string literal, quotes included, ready for
     /// the impression.
     id_json: Arc<str>,
+    granted: u64,
     remaining: u64,
     expires_at_ms: i64,
+}
+
+impl Lease {
+    /// The release of this lease, let go with `remaining` unspent.
+    fn release(&self) -> LeaseRelease {
+        LeaseRelease {
+            lease_id: self.id.to_string(),
+            served_micros: self.granted - self.remaining,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -206,6 +251,8 @@ pub(crate) struct LeaseBook {
     cost_sum: f64,
     costs: u64,
     ads: Vec<AdLeases>,
+    /// Leases let go with something left, not yet released.
+    releases: Vec<LeaseRelease>,
 }
 
 impl LeaseBook {
@@ -227,7 +274,34 @@ impl LeaseBook {
             cost_sum: 0.0,
             costs: 0,
             ads: vec![AdLeases::default(); ads],
+            releases: Vec::new(),
         }
+    }
+
+    /// A lease let go: released if something is left of it and the policy
+    /// releases.
+    fn let_go(releases: &mut Vec<LeaseRelease>, policy: &LeasePolicy, lease: Option<Lease>) {
+        if let Some(lease) = lease.filter(|l| policy.release && l.remaining > 0) {
+            releases.push(lease.release());
+        }
+    }
+
+    /// Lets go every lease whose usable end has passed at `now_ms`, and
+    /// returns the releases of every lease let go with something left
+    /// since the last call (none when the policy does not release).
+    pub(crate) fn take_releases(&mut self, now_ms: i64) -> Vec<LeaseRelease> {
+        let margin = self.policy.margin_ms();
+        for a in &mut self.ads {
+            for slot in [&mut a.older, &mut a.lease] {
+                if slot
+                    .as_ref()
+                    .is_some_and(|l| now_ms >= l.expires_at_ms.saturating_sub(margin))
+                {
+                    Self::let_go(&mut self.releases, &self.policy, slot.take());
+                }
+            }
+        }
+        std::mem::take(&mut self.releases)
     }
 
     /// `n` requests for `ad` arrived by `now_ms`.
@@ -342,13 +416,16 @@ impl LeaseBook {
         a.zeros_in_a_row = 0;
         a.retry_at_ms = 0;
         let replaced = a.lease.replace(Lease {
+            id: id.as_str().into(),
             id_json: serde_json::to_string(id).expect("a string").into(),
+            granted: grant.granted_micros,
             remaining: grant.granted_micros,
             expires_at_ms: grant.expires_at_ms,
         });
         // The replaced lease is kept (and one kept before it let go) while
         // it has something left; spend() lets it go at its usable end.
-        a.older = replaced.filter(|l| l.remaining > 0);
+        let dropped = std::mem::replace(&mut a.older, replaced.filter(|l| l.remaining > 0));
+        Self::let_go(&mut self.releases, &self.policy, dropped);
         Ok(Granted::Lease(grant.granted_micros))
     }
 
@@ -363,7 +440,7 @@ impl LeaseBook {
         for slot in [&mut a.older, &mut a.lease] {
             let Some(lease) = slot.as_mut() else { continue };
             if now_ms >= lease.expires_at_ms.saturating_sub(margin) {
-                *slot = None;
+                Self::let_go(&mut self.releases, &self.policy, slot.take());
                 continue;
             }
             if lease.remaining < cost {

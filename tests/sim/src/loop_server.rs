@@ -19,7 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::closed_loop::{hour_of, AdRecord, Counters, LoopConfig};
 use super::loop_lease::{
-    Granted, LeaseAsk, LeaseBook, LeaseGrant, LeasePolicy, LeaseRequest, LeaseResponse, ServeMode,
+    Granted, LeaseAsk, LeaseBook, LeaseGrant, LeasePolicy, LeaseRelease, LeaseRequest,
+    LeaseResponse, ReleaseRequest, ReleaseResponse, ServeMode,
 };
 use super::loop_publish::Served;
 use super::truth::CatalogIndex;
@@ -104,6 +105,9 @@ impl Server {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = stop.cancelled() => break,
+            }
+            if self.leases.is_some() && !stop.is_cancelled() {
+                self.release_let_go().await;
             }
             let now = Instant::now();
             let dt = (now - last).as_secs_f64();
@@ -280,6 +284,59 @@ impl Server {
             }
         }
         true
+    }
+
+    /// Releases every lease the book has let go with something left
+    /// (lease mode), in calls of at most a decision batch. A failed call is
+    /// counted and not retried: those leases stay held at the pacers until
+    /// expiry plus their grace, which costs budget, never exactness.
+    async fn release_let_go(&mut self) {
+        let Some(book) = self.leases.as_mut() else {
+            return;
+        };
+        let releases = book.take_releases(unix_ms());
+        for chunk in releases.chunks(self.config.decision_batch.max(1)) {
+            self.counters.release_calls.fetch_add(1, Relaxed);
+            match self.release(chunk).await {
+                Ok(released) => {
+                    self.counters.leases_released.fetch_add(released, Relaxed);
+                }
+                Err(e) => {
+                    if self.counters.lease_errors.fetch_add(1, Relaxed) == 0 {
+                        tracing::warn!(error = %format!("{e:#}"), "cannot release leases; they stay held until expiry plus the grace");
+                    }
+                }
+            }
+        }
+    }
+
+    /// `POST /v1/leases/release`: how many of `releases` the pacer released.
+    async fn release(&self, releases: &[LeaseRelease]) -> anyhow::Result<u64> {
+        let url = format!("{}/v1/leases/release", self.config.pacer_url);
+        let mut request = self
+            .http
+            .post(&url)
+            .json(&ReleaseRequest { leases: releases });
+        if let Some(token) = &self.config.pacer_token {
+            request = request.bearer_auth(token);
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("POST {url}"))?;
+        let status = response.status();
+        if !status.is_success() {
+            let text = response.text().await.unwrap_or_default();
+            anyhow::bail!("POST {url}: {status}: {}", text.trim());
+        }
+        let body: ReleaseResponse = response.json().await.context("decoding the releases")?;
+        anyhow::ensure!(
+            body.leases.len() == releases.len(),
+            "{} answers for {} releases",
+            body.leases.len(),
+            releases.len()
+        );
+        Ok(body.leases.iter().filter(|a| a.released).count() as u64)
     }
 
     /// Checks the answer against the asks (same ads, same order) and

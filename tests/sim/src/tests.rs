@@ -102,6 +102,7 @@ fn serve_takes_the_lease_mode_and_its_settings() {
             ttl: Duration::from_secs(10),
             margin: Duration::from_millis(500),
             ask_share: 0.25,
+            release: true,
         })
     );
     config.validate().unwrap();

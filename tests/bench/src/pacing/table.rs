@@ -15,7 +15,7 @@ pub(crate) fn summary(r: &RunResult) -> String {
         ServeMode::Decisions => String::new(),
         ServeMode::Leases(_) => format!(
             "; leases: {} calls ({} failed), {} asked, {} granted, {} zero, {:.2} of {:.2} asked \
-             granted, {} requests refused for lack of a lease",
+             granted, {} released, {} requests refused for lack of a lease",
             l.calls,
             l.errors,
             l.asked,
@@ -23,6 +23,7 @@ pub(crate) fn summary(r: &RunResult) -> String {
             l.zero,
             units(l.micros_granted),
             units(l.micros_asked),
+            l.released,
             l.refused
         ),
     };

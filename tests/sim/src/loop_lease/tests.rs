@@ -15,6 +15,7 @@ fn policy() -> LeasePolicy {
         ttl: Duration::from_secs(10),
         margin: Duration::from_secs(1),
         ask_share: 0.5,
+        release: true,
     }
 }
 
@@ -245,6 +246,87 @@ fn the_older_lease_stops_paying_at_its_usable_end_and_counts_toward_low_water() 
     // and the ad is low.
     assert_eq!(b.spend(0, UNIT, T0 + 4_000).as_deref(), Some("\"L2\""));
     assert!(b.ask(0, true, T0 + 4_000).is_some());
+}
+
+fn release(id: &str, served: u64) -> LeaseRelease {
+    LeaseRelease {
+        lease_id: id.into(),
+        served_micros: served,
+    }
+}
+
+#[test]
+fn a_lease_let_go_with_something_left_is_released_with_what_it_served() {
+    let mut b = book(2);
+    let g = |id, micros, expires| grant("ad", Some(id), micros, expires);
+    b.grant(0, 9 * UNIT, &g("L1", 9 * UNIT, T0 + 10_000), T0)
+        .unwrap();
+    b.grant(1, 4 * UNIT, &g("M1", 4 * UNIT, T0 + 10_000), T0)
+        .unwrap();
+    b.spend(0, 2 * UNIT, T0).unwrap();
+    b.spend(1, 4 * UNIT, T0).unwrap();
+    assert_eq!(b.take_releases(T0 + 8_999), vec![]);
+    // L1's usable end (one second before its expiry) passes: released with
+    // the 2 units it served. M1, spent to the end, needs no release.
+    assert_eq!(b.take_releases(T0 + 9_000), vec![release("L1", 2 * UNIT)]);
+    assert_eq!(b.take_releases(T0 + 9_500), vec![]);
+    assert_eq!(b.spend(0, UNIT, T0 + 9_500), None, "L1 is gone");
+    // A third grant lets the first of the ad's pair go: released too.
+    b.grant(0, 3 * UNIT, &g("L2", 3 * UNIT, T0 + 20_000), T0 + 9_500)
+        .unwrap();
+    b.grant(0, 3 * UNIT, &g("L3", 3 * UNIT, T0 + 20_000), T0 + 9_600)
+        .unwrap();
+    b.spend(0, UNIT, T0 + 9_700).unwrap();
+    b.grant(0, 3 * UNIT, &g("L4", 3 * UNIT, T0 + 20_000), T0 + 9_800)
+        .unwrap();
+    assert_eq!(b.take_releases(T0 + 9_800), vec![release("L2", UNIT)]);
+    // One let go by spend() at its usable end is released as well.
+    assert_eq!(b.spend(0, UNIT, T0 + 19_000), None);
+    assert_eq!(
+        b.take_releases(T0 + 19_000),
+        vec![release("L3", 0), release("L4", 0)]
+    );
+}
+
+#[test]
+fn a_book_that_does_not_release_lets_go_silently() {
+    let mut b = LeaseBook::new(
+        LeasePolicy {
+            release: false,
+            ..policy()
+        },
+        &CostDistribution::Uniform { min: 1, max: 2 },
+        1,
+        Duration::from_millis(200),
+    );
+    b.grant(0, 9, &grant("ad", Some("L1"), 9, T0 + 10_000), T0)
+        .unwrap();
+    assert_eq!(b.take_releases(T0 + 60_000), vec![]);
+    assert_eq!(b.spend(0, 1, T0 + 60_000), None);
+    assert_eq!(
+        ServeMode::Leases(LeasePolicy {
+            release: false,
+            ..policy()
+        })
+        .name(),
+        "leases unreleased"
+    );
+}
+
+#[test]
+fn the_release_request_is_the_contract_s_json() {
+    let body = ReleaseRequest {
+        leases: &[release("a.1.0", 5)],
+    };
+    assert_eq!(
+        serde_json::to_value(&body).unwrap(),
+        serde_json::json!({"leases": [{"lease_id": "a.1.0", "served_micros": 5}]})
+    );
+    let answer: ReleaseResponse = serde_json::from_str(
+        r#"{"leases": [{"lease_id": "a.1.0", "released": false, "held_micros": 0}]}"#,
+    )
+    .unwrap();
+    assert!(!answer.leases[0].released);
 }
 
 #[test]

@@ -25,11 +25,31 @@ struct Pacer {
     /// Lease id → (granted micros, expires_at_ms).
     grants: HashMap<String, (u64, i64)>,
     left: HashMap<String, u64>,
+    /// Lease id → served micros, as released.
+    released: HashMap<String, u64>,
     /// Answer this status with an error body instead of grants.
     fail_with: Option<u16>,
 }
 
 impl Pacer {
+    /// `POST /v1/leases/release`: each lease one this stand-in granted,
+    /// released once, never said to have served more than its grant.
+    fn release(&mut self, body: &serde_json::Value) -> serde_json::Value {
+        let answers = body["leases"]
+            .as_array()
+            .expect("leases")
+            .iter()
+            .map(|r| {
+                let id = r["lease_id"].as_str().expect("lease_id").to_owned();
+                let served = r["served_micros"].as_u64().expect("served_micros");
+                assert!(served <= self.grants[&id].0, "{r}");
+                assert!(self.released.insert(id.clone(), served).is_none(), "{r}");
+                serde_json::json!({"lease_id": id, "released": true, "held_micros": 0})
+            })
+            .collect::<Vec<_>>();
+        serde_json::json!({ "leases": answers })
+    }
+
     fn answer(&mut self, body: &serde_json::Value) -> serde_json::Value {
         let ttl = body["ttl_ms"].as_i64().expect("ttl_ms");
         let expires_at_ms = unix_ms() + ttl;
@@ -95,9 +115,10 @@ async fn serve_connection(mut stream: TcpStream, pacer: Arc<Mutex<Pacer>>) {
         let (status, answer) = {
             let mut p = pacer.lock().unwrap();
             p.requests
-                .push((path, header("authorization"), body.clone()));
+                .push((path.clone(), header("authorization"), body.clone()));
             match p.fail_with {
                 Some(status) => (status, serde_json::json!({"error": "unavailable"})),
+                None if path == "/v1/leases/release" => (200, p.release(&body)),
                 None => (200, p.answer(&body)),
             }
         };
@@ -128,6 +149,7 @@ const POLICY: LeasePolicy = LeasePolicy {
     ttl: Duration::from_millis(1_000),
     margin: Duration::from_millis(300),
     ask_share: 0.5,
+    release: true,
 };
 
 /// One server in lease mode for `run_for` against `pacer`; what it served
@@ -176,9 +198,18 @@ async fn a_leasing_server_asks_as_the_contract_says_and_serves_only_within_its_g
     let (served, counters, index) = run_server(pacer.clone(), Duration::from_millis(2_500)).await;
     let p = pacer.lock().unwrap();
     assert!(!p.requests.is_empty());
+    let mut lease_calls = 0;
     for (path, auth, body) in &p.requests {
-        assert_eq!(path, "/v1/leases");
         assert_eq!(auth.as_deref(), Some("Bearer decide-token"));
+        if path == "/v1/leases/release" {
+            let fields: Vec<&String> = body.as_object().unwrap().keys().collect();
+            assert_eq!(fields, ["leases"], "{body}");
+            let n = body["leases"].as_array().unwrap().len();
+            assert!((1..=8).contains(&n), "{body}");
+            continue;
+        }
+        assert_eq!(path, "/v1/leases");
+        lease_calls += 1;
         let fields: Vec<&str> = body
             .as_object()
             .unwrap()
@@ -214,10 +245,26 @@ async fn a_leasing_server_asks_as_the_contract_says_and_serves_only_within_its_g
         *total += s.cost;
         assert!(*total <= granted, "{total} of {granted}");
     }
+    // Leases let go with something left were released, each saying what
+    // was served under it, all of it.
+    assert!(!p.released.is_empty(), "no lease released");
+    for (lease, &said) in &p.released {
+        let served = spent.get(lease).copied().unwrap_or(0);
+        assert_eq!(said, served, "{lease}");
+        assert!(
+            said < p.grants[lease].0,
+            "{lease} released with nothing left"
+        );
+    }
     let c = counters.progress(Duration::ZERO, &LoopConfig::default());
     eprintln!("{:?}", c.leases);
     assert_eq!(c.served, served.len() as u64);
-    assert_eq!(c.leases.calls as usize, p.requests.len());
+    assert_eq!(c.leases.calls, lease_calls);
+    assert_eq!(c.leases.released as usize, p.released.len());
+    assert_eq!(
+        c.leases.release_calls as usize,
+        p.requests.len() - lease_calls as usize
+    );
     assert_eq!(c.leases.granted as usize, p.grants.len());
     assert_eq!(
         c.leases.micros_granted,

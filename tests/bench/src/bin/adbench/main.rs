@@ -155,6 +155,10 @@ struct Args {
     #[arg(long, default_value_t = 3_000,
           value_parser = clap::value_parser!(u64).range(1_000..=600_000))]
     pacing_lease_ttl_ms: u64,
+    /// Whether the ad servers of the pacing section's lease mode release
+    /// the leases they let go with something left (POST /v1/leases/release).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pacing_lease_release: bool,
     /// Events per second of each source of the fair section while steady.
     #[arg(long, default_value_t = 30_000.0)]
     fair_rate: f64,

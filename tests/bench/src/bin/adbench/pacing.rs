@@ -22,6 +22,7 @@ pub(crate) async fn closed_loop(args: &Args, table: &mut Table) -> anyhow::Resul
     };
     let lease = LeasePolicy {
         ttl: Duration::from_millis(args.pacing_lease_ttl_ms),
+        release: args.pacing_lease_release,
         ..LeasePolicy::default()
     };
     let bench = PacingBench {
