@@ -199,21 +199,9 @@ impl Server {
     }
 
     async fn decide(&self, ids: &[&str]) -> anyhow::Result<Vec<Decision>> {
-        let url = format!("{}/v1/decisions", self.config.pacer_url);
-        let mut request = self
-            .http
-            .post(&url)
-            .json(&serde_json::json!({ "ad_ids": ids }));
-        if let Some(token) = &self.config.pacer_token {
-            request = request.bearer_auth(token);
-        }
-        let response = request
-            .send()
-            .await
-            .with_context(|| format!("POST {url}"))?;
-        let status = response.status();
-        anyhow::ensure!(status.is_success(), "POST {url}: {status}");
-        let body: Decisions = response.json().await.context("decoding the decisions")?;
+        let body: Decisions = self
+            .post("/v1/decisions", &serde_json::json!({ "ad_ids": ids }))
+            .await?;
         Ok(body.decisions)
     }
 
@@ -312,24 +300,9 @@ impl Server {
 
     /// `POST /v1/leases/release`: how many of `releases` the pacer released.
     async fn release(&self, releases: &[LeaseRelease]) -> anyhow::Result<u64> {
-        let url = format!("{}/v1/leases/release", self.config.pacer_url);
-        let mut request = self
-            .http
-            .post(&url)
-            .json(&ReleaseRequest { leases: releases });
-        if let Some(token) = &self.config.pacer_token {
-            request = request.bearer_auth(token);
-        }
-        let response = request
-            .send()
-            .await
-            .with_context(|| format!("POST {url}"))?;
-        let status = response.status();
-        if !status.is_success() {
-            let text = response.text().await.unwrap_or_default();
-            anyhow::bail!("POST {url}: {status}: {}", text.trim());
-        }
-        let body: ReleaseResponse = response.json().await.context("decoding the releases")?;
+        let body: ReleaseResponse = self
+            .post("/v1/leases/release", &ReleaseRequest { leases: releases })
+            .await?;
         anyhow::ensure!(
             body.leases.len() == releases.len(),
             "{} answers for {} releases",
@@ -398,7 +371,6 @@ impl Server {
         asks: &[(u32, u64)],
         policy: LeasePolicy,
     ) -> anyhow::Result<Vec<LeaseGrant>> {
-        let url = format!("{}/v1/leases", self.config.pacer_url);
         let body = LeaseRequest {
             ads: asks
                 .iter()
@@ -409,7 +381,20 @@ impl Server {
                 .collect(),
             ttl_ms: policy.ttl_ms(),
         };
-        let mut request = self.http.post(&url).json(&body);
+        let body: LeaseResponse = self.post("/v1/leases", &body).await?;
+        Ok(body.leases)
+    }
+
+    /// POSTs `body` as JSON to `path` of the pacer (with the decide token,
+    /// if any) and decodes the answer; an error status is an error with
+    /// the pacer's text.
+    async fn post<B: serde::Serialize, R: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> anyhow::Result<R> {
+        let url = format!("{}{path}", self.config.pacer_url);
+        let mut request = self.http.post(&url).json(body);
         if let Some(token) = &self.config.pacer_token {
             request = request.bearer_auth(token);
         }
@@ -422,8 +407,10 @@ impl Server {
             let text = response.text().await.unwrap_or_default();
             anyhow::bail!("POST {url}: {status}: {}", text.trim());
         }
-        let body: LeaseResponse = response.json().await.context("decoding the leases")?;
-        Ok(body.leases)
+        response
+            .json()
+            .await
+            .with_context(|| format!("decoding the answer of POST {url}"))
     }
 
     async fn back_off(&mut self, error: anyhow::Error) -> bool {
