@@ -81,19 +81,40 @@ pub struct Config {
     pub(crate) downstream_target_ms: u64,
     /// Chunks mapped at once (decoded, validated, mapped through the
     /// catalog and encoded), each on a thread of the blocking pool, while
-    /// the mapped ones are published in order; 0: one per core.
+    /// the mapped ones are published in order; 1: each chunk is mapped and
+    /// published in the loop that reads it; 0: one per four cores, at
+    /// least one.
     #[arg(long, env = env::LIMITER_WORKERS, default_value_t = 0,
           value_parser = clap::value_parser!(u32).range(0..=1024))]
     pub(crate) workers: u32,
 }
 
 impl Config {
-    /// [`Config::workers`], with 0 read as the machine's cores.
+    /// [`Config::workers`], with 0 read for the machine's cores.
     pub(crate) fn workers(&self) -> usize {
         match self.workers {
-            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            0 => auto_workers(std::thread::available_parallelism().map_or(1, usize::from)),
             n => n as usize,
         }
+    }
+}
+
+/// Mapping threads for `cores` when the setting leaves it to the machine:
+/// one per four cores, at least one. The limiter's CPU path is about a
+/// sixth of the pipeline's CPU (NATS, the aggregators and the pacer share
+/// the machine), and on two cores mapping chunks on threads of their own
+/// costs more in hand-offs and smaller output messages than it gives
+/// (docs/BENCHMARKS.md).
+fn auto_workers(cores: usize) -> usize {
+    (cores / 4).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn one_mapping_thread_per_four_cores_at_least_one() {
+        let auto: Vec<usize> = [1, 2, 4, 7, 8, 16, 64].map(super::auto_workers).into();
+        assert_eq!(auto, vec![1, 1, 1, 1, 2, 4, 16]);
     }
 }
 

@@ -20,6 +20,7 @@ pub mod emit;
 mod error;
 pub mod fair;
 mod nats_store;
+mod pipeline;
 mod publish;
 mod report;
 mod set_aside;
@@ -31,13 +32,12 @@ use adspend_common::nats;
 use adspend_common::service::{self, Context, Service};
 use async_nats::jetstream;
 
-use chunk::{Limiter, Mapped, Mapping};
+use chunk::{Limiter, Mapping};
 pub use config::{Config, Validated};
 use downstream::Downstream;
 pub use error::Error;
+use pipeline::{Held, Sink, Step};
 use publish::Publisher;
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
 impl Service for Validated {
     const NAME: &'static str = "limiter";
@@ -68,34 +68,6 @@ impl service::Failure for Error {
         match self {
             Error::Common(e) => Some(e),
             _ => None,
-        }
-    }
-}
-
-/// What the publisher does next, in the order the loop read it.
-enum Step {
-    /// A chunk being mapped on its own thread, and its input's payload
-    /// bytes (in flight for the downstream window until it is done with).
-    Chunk(JoinHandle<Option<Mapped>>, u64),
-    /// A checkpoint marker to every partition.
-    Markers,
-}
-
-/// Publish each step's output in turn: the per-partition order of `SPEND`
-/// is the order the chunks were read in, whatever thread mapped them.
-async fn publish_in_order(mut limiter: Limiter, mut steps: mpsc::Receiver<Step>) {
-    while let Some(step) = steps.recv().await {
-        match step {
-            Step::Markers => limiter.publish_markers().await,
-            Step::Chunk(mapping, bytes) => {
-                match mapping.await {
-                    Ok(Some(mapped)) => limiter.complete(mapped).await,
-                    Ok(None) => {}
-                    // Its input stays unacknowledged and is redelivered.
-                    Err(e) => tracing::error!(error = %e, "mapping a chunk failed"),
-                }
-                limiter.downstream.completed(bytes);
-            }
         }
     }
 }
@@ -162,11 +134,8 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
         mapping: mapping.clone(),
         downstream: downstream.clone(),
     };
-    // Chunks are mapped on up to `workers` threads at once and published
-    // in the order they were read: the channel holds what waits its turn.
     let workers = config.workers();
-    let (steps, queued) = mpsc::channel(workers);
-    let publishing = tasks.spawn(publish_in_order(limiter, queued));
+    let (mut sink, publishing) = Sink::new(workers, limiter, &tasks);
     let mut markers = tokio::time::interval(config.checkpoint_interval());
     markers.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     markers.tick().await;
@@ -174,16 +143,35 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
     let mut reports = tokio::time::interval(report::REPORT_EVERY);
     reports.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tracing::info!(workers, "limiter mapping");
+    // What was read and waits for room in the sink: while the publisher is
+    // behind, further input joins it (up to one chunk's bound), so the
+    // output goes in fewer, fuller messages rather than queueing up in
+    // small ones.
+    let mut held = Held::new(config.max_batch as usize);
     loop {
-        let step = tokio::select! {
+        tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            _ = markers.tick() => Step::Markers,
-            _ = reports.tick() => {
-                reporter.send(&client, input.report()).await;
-                continue;
+            _ = markers.tick() => {
+                // Markers follow every tuple read before them.
+                if let Some((chunk, bytes)) = held.take() {
+                    let step = Step::Chunk(sink.map(&mapping, chunk), bytes);
+                    if !sink.put(step, &shutdown).await {
+                        break;
+                    }
+                }
+                if !sink.put(Step::Markers, &shutdown).await {
+                    break;
+                }
             }
-            chunk = input.next() => match chunk {
+            _ = reports.tick() => reporter.send(&client, input.report()).await,
+            room = sink.room(), if !held.is_empty() => {
+                let (Ok(room), Some((chunk, bytes))) = (room, held.take()) else {
+                    break;
+                };
+                sink.hand_on(room, &mapping, chunk, bytes).await;
+            }
+            chunk = input.next(), if held.has_room() => match chunk {
                 Some(chunk) => {
                     let bytes: u64 = chunk
                         .iter()
@@ -191,28 +179,21 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
                         .map(|m| m.payload.len() as u64)
                         .sum();
                     downstream.dispatched(bytes);
-                    let mapping = mapping.clone();
-                    let mapped = tokio::task::spawn_blocking(move || mapping.map_chunk(chunk));
-                    Step::Chunk(mapped, bytes)
+                    held.add(chunk, bytes);
                 }
                 None => {
                     tracing::warn!("impressions consumer ended");
                     break;
                 }
             },
-        };
-        let queued = tokio::select! {
-            sent = steps.send(step) => sent.is_ok(),
-            _ = shutdown.cancelled() => false,
-        };
-        if !queued {
-            break;
         }
     }
-    // What is queued is abandoned by the publisher (shutdown) and
+    // What is held or queued is abandoned by the publisher (shutdown) and
     // redelivered to the next limiter, as a chunk in hand would be.
-    drop(steps);
-    let _ = publishing.await;
+    drop(sink);
+    if let Some(publishing) = publishing {
+        let _ = publishing.await;
+    }
     tracing::info!("limiter stopped");
     Ok(())
 }

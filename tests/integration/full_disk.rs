@@ -67,6 +67,10 @@ async fn a_server_restart_mid_publish_sets_nothing_aside() {
         &[
             ("ADSPEND_LIMITER_MAX_BATCH", "1"),
             ("ADSPEND_CHECKPOINT_INTERVAL_MS", "120000"),
+            // A publisher of its own, reading on while it publishes: the
+            // pause finds a publish in flight more surely than it does
+            // when the one loop alternates reading and publishing.
+            ("ADSPEND_LIMITER_WORKERS", "2"),
         ],
     ));
     limiter_busy(limiter_metrics).await;

@@ -214,6 +214,10 @@ impl Consumer {
         let mut integrity = tokio::time::interval(INTEGRITY_CHECK);
         integrity.tick().await;
         let mut last_received = Instant::now();
+        // Since when NATS has answered the bounds checks: a consumer is
+        // called stalled only once NATS has been reachable for `STALL`
+        // (after an outage the reconnect recreates it first).
+        let mut reachable_since = Instant::now();
         let mut last_gap_check: Option<Instant> = None;
         // The stream had nothing behind the last message received (or
         // nothing was received yet on a caught-up start), and the
@@ -242,10 +246,22 @@ impl Consumer {
                 _ = integrity.tick() => {
                     match check_bounds(&mut self.stream, self.next_seq - 1).await {
                         Err(e) if !e.is_retryable() => return Err(e),
+                        Err(_) => {
+                            reachable_since = Instant::now();
+                            continue;
+                        }
                         // Messages of ours wait in the stream but none
-                        // arrive: the consumer was lost (a server restart);
-                        // recreate it.
-                        Ok(last) if last >= self.next_seq && last_received.elapsed() >= STALL => {
+                        // arrive while NATS answers: the consumer was lost
+                        // (a server restart); recreate it.
+                        Ok(last)
+                            if last >= self.next_seq
+                                && last_received.elapsed() >= STALL
+                                && reachable_since.elapsed() >= STALL =>
+                        {
+                            if reconnect.happened() {
+                                tracing::info!(next_seq = self.next_seq, "NATS reconnected; recreating the SPEND consumer");
+                                return Ok(Next::Recreate);
+                            }
                             let ours = match self.owned {
                                 None => last,
                                 Some(_) => self.own_last().await.unwrap_or(last),

@@ -110,7 +110,14 @@ pub struct Run {
     pub exact: bool,
 }
 
-async fn settle(p: &Pipeline, truth: &Truth, events: u64, started: Instant) -> anyhow::Result<Run> {
+/// Wait until the pacer equals `truth`: the run of `events` that began at
+/// `started`.
+pub async fn settle(
+    p: &Pipeline,
+    truth: &Truth,
+    events: u64,
+    started: Instant,
+) -> anyhow::Result<Run> {
     let (comparison, _) = wait_for_match(&p.pacer_url(), truth, DRAIN_TIMEOUT).await?;
     let secs = started.elapsed().as_secs_f64();
     let exact = comparison.mismatches().is_empty();
@@ -140,6 +147,32 @@ pub async fn workload(p: &Pipeline, workload: &super::workload::Workload) -> any
     )
     .await?;
     settle(p, &workload.truth, workload.events, started).await
+}
+
+/// The simulator at full speed until `events` are in `IMPRESSIONS`, `batch`
+/// per message, 5% duplicates: a backlog when nothing reads it meanwhile.
+/// Its truth; [`settle`] waits for the pacer to equal it.
+pub async fn backlog(p: &Pipeline, events: u64, batch: usize, seed: u64) -> anyhow::Result<Truth> {
+    let client = p.client().await;
+    let config = SimConfig {
+        subject: "impressions.bench".into(),
+        events: Some(events),
+        duration: None,
+        batch,
+        duplicate_rate: 0.05,
+        seed,
+        in_flight: 64,
+        progress_interval: Duration::from_secs(10),
+        create_stream: false,
+        ..SimConfig::default()
+    };
+    let truth = sim::run(&client, &config, &p.catalog, CancellationToken::new()).await?;
+    anyhow::ensure!(
+        truth.stats.messages_failed == 0,
+        "{} publishes failed",
+        truth.stats.messages_failed
+    );
+    Ok(truth)
 }
 
 /// The simulator at full speed for `duration`, `batch` events per message,

@@ -208,6 +208,11 @@ struct Args {
     /// Seconds of each sustained run of the scale section.
     #[arg(long, default_value_t = 30)]
     scale_secs: u64,
+    /// Events of the backlog each process set of the scale section drains
+    /// after its sustained runs (published while the limiters are paused);
+    /// 0: no backlog run.
+    #[arg(long, default_value_t = 3_000_000)]
+    scale_backlog: u64,
     /// Leave the scale section's stage benchmarks out (for pipeline runs
     /// of another build's services).
     #[arg(long)]

@@ -2,7 +2,9 @@
 //! apply at each of `--scale-threads`, then the whole pipeline with each
 //! process set of `--scale-sets` (limiters x aggregators), every run exact,
 //! with the share of its process's CPU the hottest thread of each service
-//! took. The same command runs unchanged on any number of cores.
+//! took, and each set draining a backlog (`--scale-backlog`), where no
+//! thread should carry more than 60% of its service. The same command runs
+//! unchanged on any number of cores.
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +36,9 @@ pub(crate) async fn scaling(args: &Args, table: &mut Table) -> anyhow::Result<()
     }
     for &(limiters, aggregators) in args.scale_sets.iter().flatten() {
         pipeline(args, table, limiters, aggregators).await?;
+        if args.scale_backlog > 0 {
+            backlog(args, table, limiters, aggregators).await?;
+        }
     }
     Ok(())
 }
@@ -252,6 +257,102 @@ async fn pipeline(
             share,
             None,
             "from /proc/<pid>/task/*/stat over the sustained run",
+        );
+    }
+    Ok(())
+}
+
+/// A backlog of `--scale-backlog` events published while the limiters are
+/// paused (SIGSTOP), then drained: its rate from the limiters' resumption
+/// until the pacer equals the truth, and each process's hottest thread
+/// over the drain.
+async fn backlog(
+    args: &Args,
+    table: &mut Table,
+    limiters: usize,
+    aggregators: usize,
+) -> anyhow::Result<()> {
+    let catalog = adspend_sim::generate_catalog(&adspend_sim::CatalogSpec::for_ads(args.ads), 3)?;
+    let mut rates = Samples::default();
+    let mut shares: Vec<(String, Samples)> = Vec::new();
+    for run in 0..args.runs {
+        host::settle().await;
+        let mut set = ProcessSet::start(
+            catalog.clone(),
+            limiters,
+            aggregators,
+            &args.e2e_service_env,
+        )
+        .await?;
+        for limiter in &mut set.limiters {
+            limiter.pause()?;
+        }
+        let truth = e2e::backlog(
+            &set.pipeline,
+            args.scale_backlog,
+            args.batch,
+            400 + run as u64,
+        )
+        .await?;
+        let before = scale::sample(&set);
+        let started = Instant::now();
+        for limiter in &mut set.limiters {
+            limiter.resume()?;
+        }
+        let events = truth.stats.events_acked;
+        let result = e2e::settle(&set.pipeline, &truth, events, started).await?;
+        let cpu = scale::cpu_since(&before, started.elapsed());
+        anyhow::ensure!(
+            result.exact,
+            "{limiters}x{aggregators} backlog run {run} did not match the truth"
+        );
+        println!(
+            "bench:   {limiters}x{aggregators} drained a backlog of {events} events in {:.1}s = {} events/s, exact",
+            result.secs,
+            number(result.events_per_sec)
+        );
+        rates.push(result.events_per_sec);
+        for process in cpu {
+            println!(
+                "bench:     {}: {:.2} cores, hottest thread {} at {:.0}% of it",
+                process.role,
+                process.cores,
+                process.hottest,
+                process.share * 100.0
+            );
+            match shares.iter_mut().find(|(role, _)| *role == process.role) {
+                Some((_, s)) => s.push(process.share * 100.0),
+                None => shares.push((process.role, samples([process.share * 100.0]))),
+            }
+        }
+    }
+    let mut note = format!(
+        "{} events published while the limiters were paused, durable NATS",
+        number(args.scale_backlog as f64)
+    );
+    for (name, value) in &args.e2e_service_env {
+        note.push_str(&format!(", {name}={value}"));
+    }
+    table.add(
+        format!("backlog drain, {limiters} limiter(s) x {aggregators} aggregator(s)"),
+        "impressions/s",
+        rates,
+        None,
+        note,
+    );
+    for (role, share) in shares {
+        table.add(
+            format!("  {limiters}x{aggregators} drain: hottest thread of {role}"),
+            "% of its CPU",
+            share,
+            // The bound is on the services whose work one thread used to
+            // carry: the limiter and the aggregator.
+            (!role.starts_with("pacer")).then_some(Target {
+                text: "<= 60",
+                bound: 60.0,
+                higher: false,
+            }),
+            "from /proc/<pid>/task/*/stat over the drain",
         );
     }
     Ok(())
