@@ -1,12 +1,13 @@
 //! The limiter: `IMPRESSIONS` → spend tuples on `SPEND`.
 //!
 //! [`run`] pulls input from a durable JetStream consumer in chunks and hands
-//! each to a thread of its own ([`chunk::Mapping`], up to
-//! `ADSPEND_LIMITER_WORKERS` at once), where [`emit`] parses each NDJSON line
-//! (`adspend_wire::impression`), maps the ad to its limits through the
-//! catalog, groups the tuples by partition and encodes them, and turns the
-//! lines it rejects into dead letters (`adspend_wire::dead_letter`). One task
-//! publishes the mapped chunks in the order they were read: a chunk's output
+//! each on (`pipeline`): to a thread of its own ([`chunk::Mapping`], up to
+//! `ADSPEND_LIMITER_WORKERS` at once; with one, the loop itself), where
+//! [`emit`] parses each NDJSON line (`adspend_wire::impression`), maps the
+//! ad to its limits through the catalog, groups the tuples by partition and
+//! encodes them, and turns the lines it rejects into dead letters
+//! (`adspend_wire::dead_letter`). The mapped chunks are published in the
+//! order they were read: a chunk's output
 //! (spend batches and dead letters) is published and acknowledged by
 //! JetStream before its input is acknowledged. A timer injects a checkpoint
 //! marker into every partition through the same ordered queue, so markers
