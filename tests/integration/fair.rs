@@ -134,7 +134,14 @@ async fn a_backlog_does_not_hold_back_other_sources_and_totals_stay_exact() {
 
     let comparison = p.settle(&truth, Duration::from_secs(180)).await;
     assert_exact(&comparison, &truth);
-    assert!(all_handled(&js, &["A", "B", "C", "D", "E"]).await);
+    // Input redelivered after the kill whose output the killed limiter had
+    // published already counts before it is handled again: its lane empties
+    // a moment after the pacer is exact.
+    wait_until(Duration::from_secs(30), Duration::from_millis(50), || {
+        all_handled(&js, &["A", "B", "C", "D", "E"])
+    })
+    .await
+    .expect("every lane handled after the restart");
 }
 
 /// FIFO → fair → FIFO on one stream: each handover starts where the other
