@@ -149,15 +149,18 @@ pub async fn workload(p: &Pipeline, workload: &super::workload::Workload) -> any
     settle(p, &workload.truth, workload.events, started).await
 }
 
-/// The simulator at full speed until `events` are in `IMPRESSIONS`, `batch`
-/// per message, 5% duplicates: a backlog when nothing reads it meanwhile.
-/// Its truth; [`settle`] waits for the pacer to equal it.
-pub async fn backlog(p: &Pipeline, events: u64, batch: usize, seed: u64) -> anyhow::Result<Truth> {
-    let client = p.client().await;
-    let config = SimConfig {
+/// The simulator at full speed into `impressions.bench` for `events` or
+/// `duration`, `batch` events per message, 5% duplicates.
+fn full_speed(
+    events: Option<u64>,
+    duration: Option<Duration>,
+    batch: usize,
+    seed: u64,
+) -> SimConfig {
+    SimConfig {
         subject: "impressions.bench".into(),
-        events: Some(events),
-        duration: None,
+        events,
+        duration,
         batch,
         duplicate_rate: 0.05,
         seed,
@@ -165,7 +168,15 @@ pub async fn backlog(p: &Pipeline, events: u64, batch: usize, seed: u64) -> anyh
         progress_interval: Duration::from_secs(10),
         create_stream: false,
         ..SimConfig::default()
-    };
+    }
+}
+
+/// The simulator at full speed until `events` are in `IMPRESSIONS`, `batch`
+/// per message, 5% duplicates: a backlog when nothing reads it meanwhile.
+/// Its truth; [`settle`] waits for the pacer to equal it.
+pub async fn backlog(p: &Pipeline, events: u64, batch: usize, seed: u64) -> anyhow::Result<Truth> {
+    let client = p.client().await;
+    let config = full_speed(Some(events), None, batch, seed);
     let truth = sim::run(&client, &config, &p.catalog, CancellationToken::new()).await?;
     anyhow::ensure!(
         truth.stats.messages_failed == 0,
@@ -184,18 +195,7 @@ pub async fn sustained(
     seed: u64,
 ) -> anyhow::Result<Run> {
     let client = p.client().await;
-    let config = SimConfig {
-        subject: "impressions.bench".into(),
-        events: None,
-        duration: Some(duration),
-        batch,
-        duplicate_rate: 0.05,
-        seed,
-        in_flight: 64,
-        progress_interval: Duration::from_secs(10),
-        create_stream: false,
-        ..SimConfig::default()
-    };
+    let config = full_speed(None, Some(duration), batch, seed);
     let started = Instant::now();
     let truth = sim::run_with_progress(
         &client,

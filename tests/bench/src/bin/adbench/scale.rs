@@ -222,27 +222,13 @@ async fn pipeline(
             number(result.events_per_sec)
         );
         rates.push(result.events_per_sec);
-        for process in cpu {
-            println!(
-                "bench:     {}: {:.2} cores, hottest thread {} at {:.0}% of it",
-                process.role,
-                process.cores,
-                process.hottest,
-                process.share * 100.0
-            );
-            match shares.iter_mut().find(|(role, _)| *role == process.role) {
-                Some((_, s)) => s.push(process.share * 100.0),
-                None => shares.push((process.role, samples([process.share * 100.0]))),
-            }
-        }
+        add_shares(&mut shares, cpu);
     }
     let mut note = format!(
         "{} s sustained, durable NATS, {} events/message, 5% duplicates",
         args.scale_secs, args.batch
     );
-    for (name, value) in &args.e2e_service_env {
-        note.push_str(&format!(", {name}={value}"));
-    }
+    with_service_env(&mut note, args);
     table.add(
         format!("end to end, {limiters} limiter(s) x {aggregators} aggregator(s)"),
         "impressions/s",
@@ -312,27 +298,13 @@ async fn backlog(
             number(result.events_per_sec)
         );
         rates.push(result.events_per_sec);
-        for process in cpu {
-            println!(
-                "bench:     {}: {:.2} cores, hottest thread {} at {:.0}% of it",
-                process.role,
-                process.cores,
-                process.hottest,
-                process.share * 100.0
-            );
-            match shares.iter_mut().find(|(role, _)| *role == process.role) {
-                Some((_, s)) => s.push(process.share * 100.0),
-                None => shares.push((process.role, samples([process.share * 100.0]))),
-            }
-        }
+        add_shares(&mut shares, cpu);
     }
     let mut note = format!(
         "{} events published while the limiters were paused, durable NATS",
         number(args.scale_backlog as f64)
     );
-    for (name, value) in &args.e2e_service_env {
-        note.push_str(&format!(", {name}={value}"));
-    }
+    with_service_env(&mut note, args);
     table.add(
         format!("backlog drain, {limiters} limiter(s) x {aggregators} aggregator(s)"),
         "impressions/s",
@@ -356,4 +328,29 @@ async fn backlog(
         );
     }
     Ok(())
+}
+
+/// Print each process's CPU over a run and add its hottest thread's share
+/// to that role's samples.
+fn add_shares(shares: &mut Vec<(String, Samples)>, cpu: Vec<scale::ProcessCpu>) {
+    for process in cpu {
+        println!(
+            "bench:     {}: {:.2} cores, hottest thread {} at {:.0}% of it",
+            process.role,
+            process.cores,
+            process.hottest,
+            process.share * 100.0
+        );
+        match shares.iter_mut().find(|(role, _)| *role == process.role) {
+            Some((_, s)) => s.push(process.share * 100.0),
+            None => shares.push((process.role, samples([process.share * 100.0]))),
+        }
+    }
+}
+
+/// The services' settings of the run, appended to a row's note.
+fn with_service_env(note: &mut String, args: &Args) {
+    for (name, value) in &args.e2e_service_env {
+        note.push_str(&format!(", {name}={value}"));
+    }
 }
