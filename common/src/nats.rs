@@ -9,7 +9,7 @@ use async_nats::jetstream::{self, stream};
 use crate::config::NatsArgs;
 use crate::env;
 use crate::error::{Error, Result};
-use crate::telemetry::NATS_UNAUTHENTICATED;
+use crate::telemetry::{NATS_PERMISSION_VIOLATIONS_TOTAL, NATS_UNAUTHENTICATED};
 
 pub const IMPRESSIONS_STREAM: &str = "IMPRESSIONS";
 pub const IMPRESSIONS_SUBJECTS: &str = "impressions.>";
@@ -100,6 +100,9 @@ pub async fn connect(nats: &NatsArgs, name: &str) -> Result<async_nats::Client> 
     match tokio::time::timeout(Duration::from_secs(10), connect).await {
         Ok(Ok(client)) => {
             report_authentication(&client, nats, name);
+            for kind in ["publish", "subscribe"] {
+                metrics::counter!(NATS_PERMISSION_VIOLATIONS_TOTAL, "kind" => kind).increment(0);
+            }
             Ok(client)
         }
         Ok(Err(e)) => Err(fail(e)),
@@ -132,6 +135,43 @@ fn report_authentication(client: &async_nats::Client, nats: &NatsArgs, service: 
              deploy/nats-auth.conf (bash scripts/nats-auth.sh DIR writes its config) and \
              give each service its ADSPEND_NATS_USER, ADSPEND_NATS_PASSWORD and \
              ADSPEND_NATS_TLS_CA (docs/SECURITY.md)"
+        );
+    }
+}
+
+/// What the server refused for lack of permission, from the client's event:
+/// (`publish` or `subscribe`, the subject), or `None` for any other event.
+/// The server says so only in an asynchronous `-ERR`; a refused request
+/// gets no answer and times out, so without this the cause shows nowhere
+/// but the client's generic INFO line.
+fn permission_violation(event: &async_nats::Event) -> Option<(&'static str, &str)> {
+    let async_nats::Event::ServerError(async_nats::ServerError::Other(text)) = event else {
+        return None;
+    };
+    // `Permissions Violation for Publish to "<subject>"` (or `Subscription`).
+    let rest = text
+        .trim_matches('\'')
+        .strip_prefix("Permissions Violation for ")?;
+    let (kind, subject) = if let Some(subject) = rest.strip_prefix("Publish to ") {
+        ("publish", subject)
+    } else if let Some(subject) = rest.strip_prefix("Subscription to ") {
+        ("subscribe", subject)
+    } else {
+        ("other", rest)
+    };
+    Some((kind, subject.trim_matches('"')))
+}
+
+/// A refused operation is a missing grant (deploy/nats-auth.conf) or a call
+/// the service should not make: loud, counted, naming what was refused.
+fn report_denied(event: &async_nats::Event) {
+    if let Some((kind, subject)) = permission_violation(event) {
+        metrics::counter!(NATS_PERMISSION_VIOLATIONS_TOTAL, "kind" => kind).increment(1);
+        tracing::warn!(
+            kind,
+            subject,
+            "NATS permission denied: this service's NATS user lacks a grant it needs \
+             (deploy/nats-auth.conf); the refused call gets no answer"
         );
     }
 }
@@ -182,7 +222,9 @@ pub fn inbox_prefix(user: &str) -> String {
 /// that a wrong setting is reported by its name, not as a failed handshake.
 pub fn options(nats: &NatsArgs) -> Result<async_nats::ConnectOptions> {
     install_crypto_provider();
-    let mut options = async_nats::ConnectOptions::new();
+    let mut options = async_nats::ConnectOptions::new().event_callback(|event| async move {
+        report_denied(&event);
+    });
     match (&nats.nats_user, &nats.nats_password) {
         (Some(user), Some(password)) => {
             if user.is_empty() {
@@ -366,6 +408,30 @@ pub async fn ensure_alerts(js: &jetstream::Context, replicas: usize) -> Result<s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_publish_or_subscription_is_told_apart_from_other_events() {
+        let event = |text: &str| {
+            async_nats::Event::ServerError(async_nats::ServerError::Other(text.to_string()))
+        };
+        assert_eq!(
+            permission_violation(&event(
+                "Permissions Violation for Publish to \"$JS.API.STREAM.MSG.GET.SPEND\""
+            )),
+            Some(("publish", "$JS.API.STREAM.MSG.GET.SPEND"))
+        );
+        assert_eq!(
+            permission_violation(&event(
+                "'Permissions Violation for Subscription to \"_INBOX.x\"'"
+            )),
+            Some(("subscribe", "_INBOX.x"))
+        );
+        assert_eq!(
+            permission_violation(&event("Maximum Payload Violation")),
+            None
+        );
+        assert_eq!(permission_violation(&async_nats::Event::Disconnected), None);
+    }
 
     #[tokio::test]
     async fn a_reconnect_is_seen_from_the_moment_it_was_watched() {

@@ -22,6 +22,11 @@ use tracing_subscriber::EnvFilter;
 /// 1 when the NATS server this service connected to lets clients in without
 /// authentication (anyone reaching it may publish anything), else 0.
 pub(crate) const NATS_UNAUTHENTICATED: &str = "adspend_nats_unauthenticated";
+/// Operations the NATS server refused this service for lack of permission
+/// (`kind`: `publish` or `subscribe`); any increase is a missing grant in
+/// the server's config or a call the service should not make.
+pub(crate) const NATS_PERMISSION_VIOLATIONS_TOTAL: &str =
+    "adspend_nats_permission_violations_total";
 pub(crate) const CATALOG_RELOADS_TOTAL: &str = "adspend_catalog_reloads_total";
 pub(crate) const CATALOG_ERRORS_TOTAL: &str = "adspend_catalog_errors_total";
 
@@ -34,6 +39,10 @@ pub(crate) const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         NATS_UNAUTHENTICATED,
         "1 when the NATS server this service connected to lets clients in without authentication, else 0.",
+    ),
+    (
+        NATS_PERMISSION_VIOLATIONS_TOTAL,
+        "Operations the NATS server refused this service for lack of permission, by kind (publish, subscribe).",
     ),
     (CATALOG_RELOADS_TOTAL, "Catalog versions loaded."),
     (

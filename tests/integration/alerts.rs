@@ -312,7 +312,7 @@ async fn each_crossing_is_announced_once_through_crashes_and_two_pacers() {
 
 /// One request the receiver got: its alert id, signature and body.
 #[derive(Debug, Clone)]
-struct Received {
+pub(crate) struct Received {
     id: String,
     signature: String,
     body: Vec<u8>,
@@ -321,7 +321,7 @@ struct Received {
 
 /// A webhook receiver that answers 503 to the first `failures` requests,
 /// then 204.
-async fn receiver(failures: usize) -> (String, Arc<Mutex<Vec<Received>>>) {
+pub(crate) async fn receiver(failures: usize) -> (String, Arc<Mutex<Vec<Received>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
     let received: Arc<Mutex<Vec<Received>>> = Arc::default();

@@ -8,6 +8,7 @@
 //! in `adspend_nats_unauthenticated`, and one connected with its user does
 //! not.
 
+mod grants;
 mod support;
 
 use self::support::*;
