@@ -18,6 +18,9 @@
 #                                     (default 60) with adsim; print pacer1's freshness p50/p90/p99
 #   scripts/cluster.sh chaos --faults N --seed S  the random fault campaign against the running
 #                                     cluster (docs/CLUSTER.md); last line: chaos: N faults, M mismatches
+#   scripts/cluster.sh failover [--runs N]  N times (default 10): kill an aggregator and pause another
+#                                     under traffic; print each failover's timeline and the time from
+#                                     the last publish to exact totals
 #
 # ADSPEND_CLUSTER_PROJECT names the compose project (default adspend).
 # ADSPEND_AGGREGATOR1_PARTITIONS=all runs aggregator1 as a single-owner aggregator.
@@ -455,6 +458,13 @@ cmd_chaos() {
   ADSPEND_CLUSTER_PROJECT="$project" exec "$target_dir/debug/adclusterchaos" "$@"
 }
 
+cmd_failover() {
+  local runs=10
+  case "${1:-}" in --runs) runs=${2:?--runs N}; shift 2 ;; esac
+  [ $# -eq 0 ] || die "failover: unknown arguments: $* (failover [--runs N])"
+  cmd_chaos --failover-runs "$runs" --rate 1500
+}
+
 case "${1:-}" in
   up)
     shift
@@ -471,9 +481,10 @@ case "${1:-}" in
   scale) shift; cmd_scale "$@" ;;
   demo) shift; cmd_demo "$@" ;;
   chaos) shift; cmd_chaos "$@" ;;
+  failover) shift; cmd_failover "$@" ;;
   freshness) shift; cmd_freshness "$@" ;;
   *)
-    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

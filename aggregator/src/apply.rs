@@ -157,6 +157,9 @@ impl Writer {
     /// Apply until the channel closes. Blocking: run on a dedicated thread.
     pub(crate) fn run(mut self, mut rx: mpsc::Receiver<Incoming>) -> Result<(), Error> {
         let mut group: Vec<Incoming> = Vec::with_capacity(64);
+        // A shard's start is a lifecycle event, and so is its first commit:
+        // the last step of a failover on the aggregator's side.
+        let mut applied_any = false;
         while let Some(first) = rx.blocking_recv() {
             let mut tuples = first.tuples();
             group.push(first);
@@ -171,6 +174,15 @@ impl Writer {
             }
             if !self.apply_patiently(&group, &rx)? {
                 break;
+            }
+            if !applied_any {
+                applied_any = true;
+                tracing::info!(
+                    shard = self.shard.as_str(),
+                    seq = self.last_applied_seq,
+                    messages = group.len(),
+                    "first SPEND messages applied since the shard started"
+                );
             }
             group.clear();
         }

@@ -19,15 +19,18 @@ use std::time::{Duration, Instant};
 
 use adspend_chaos::cluster::chaos::{self, ChaosConfig};
 use adspend_chaos::cluster::{
-    metric_value, wait_applied, Cluster, Monotonic, Shard, Traffic, AGGREGATORS, PARTITIONS,
+    failover, metric_value, wait_applied, Cluster, Monotonic, Shard, Traffic, AGGREGATORS,
+    PARTITIONS,
 };
 
 /// All up first: each aggregator owns partitions, plaintext and
 /// credential-less clients are refused while the simulator publishes, and
-/// the totals are exact. Then the object store restarts and an aggregator
-/// is killed mid-run: its partitions come back on the survivors from the
-/// snapshots, exact, and every budget alert threshold a limit's spend
-/// crossed is announced on `ALERTS` once, none twice.
+/// the totals are exact. Then the object store restarts, and under traffic
+/// an aggregator is killed and, 3 s later, another paused: their partitions
+/// come back on the survivor from the snapshots, exact; every stage of
+/// each failover shows in the services' logs (its timeline is printed);
+/// every budget alert threshold a limit's spend crossed is announced on
+/// `ALERTS` once, none twice; and no service was refused a NATS call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn docker_kill_aggregator_failover() {
     let catalog = catalog(22);
@@ -51,9 +54,6 @@ async fn docker_kill_aggregator_failover() {
         started.elapsed().as_secs_f64()
     ));
 
-    let traffic = Traffic::start(&catalog, 40_000, RATE, 2).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(5)).await;
-
     // The object store restarts first: the snapshots must outlive it.
     let state = cluster.restart("s3").await.expect("docker restart s3");
     assert!(state.running, "{state:?}");
@@ -62,37 +62,40 @@ async fn docker_kill_aggregator_failover() {
         .await
         .expect("s3 healthy again");
 
-    let victim = "aggregator2";
-    let owned = partitions_of(&cluster.owners().await.unwrap(), victim);
-    assert!(!owned.is_empty(), "{victim} owns no partition");
-    let before = shards_now(&owned).await;
-    let killed_at = Instant::now();
-    let state = cluster.kill(victim).await.expect("docker kill");
-    assert_eq!(state.exit_code, 137, "not SIGKILLed: {state:?}");
-    let takeover = wait_applied(&http(), &before, killed_at, TAKEOVER)
+    let (victim, paused) = ("aggregator2", "aggregator3");
+    let plan = failover::Plan {
+        rate: RATE,
+        seed: 2,
+        ..failover::Plan::default()
+    };
+    let run = failover::kill_then_pause(&cluster, &catalog, &plan, victim, paused, &mut truth)
         .await
-        .expect("takeover");
-    figure(&format!(
-        "kill {victim}: failover (kill -> applied under a new epoch): {}",
-        takeover.render()
-    ));
-    let owners = wait_owners(&cluster, TAKEOVER, "free of the victim", |o| {
-        o.values().all(|m| m != victim)
-    })
-    .await;
+        .expect("kill then pause");
+    figure(&run.render());
+    for timeline in [&run.kill, &run.pause] {
+        let missing = timeline.missing();
+        assert!(
+            missing.is_empty(),
+            "{}: stages missing from the logs: {missing:?}\n{}",
+            timeline.what,
+            timeline.render()
+        );
+    }
     assert!(!cluster.members().await.unwrap().iter().any(|m| m == victim));
     assert!(
         !cluster.state(victim).await.unwrap().running,
         "{victim} came back by itself"
     );
-    let survivors = ["aggregator1", "aggregator3"];
     // Each partition came back from a snapshot kept across the store's
     // restart (or the survivor's own LMDB), not by replaying everything.
-    let mut logs = String::new();
-    for survivor in survivors {
-        logs.push_str(&cluster.logs(survivor, 5000).await.expect("logs"));
-    }
-    for p in &owned {
+    let survivor = "aggregator1";
+    let logs = cluster.logs(survivor, 5000).await.expect("logs");
+    for p in run
+        .kill
+        .partitions
+        .keys()
+        .chain(run.pause.partitions.keys())
+    {
         let needle = format!("partition={p} ");
         let line = logs
             .lines()
@@ -101,24 +104,24 @@ async fn docker_kill_aggregator_failover() {
                     && l.contains(&needle)
                     && l.contains("kind=\"failover\"")
             })
-            .unwrap_or_else(|| panic!("no failover start of p{p} in the survivors' logs"));
+            .unwrap_or_else(|| panic!("no failover start of p{p} in {survivor}'s log"));
         assert!(
             line.contains("start=\"cold\"") || line.contains("start=\"warm\""),
             "p{p} was not restored from a snapshot after the store restarted: {line}"
         );
     }
-    let (sum, count) = histogram(&cluster, &survivors, "adspend_aggregator_failover_seconds").await;
-    assert!(count >= 1.0, "no failover recorded by {survivors:?}");
+    let (sum, count) =
+        histogram(&cluster, &[survivor], "adspend_aggregator_failover_seconds").await;
+    assert!(count >= 1.0, "no failover recorded by {survivor}");
     figure(&format!(
-        "kill {victim}: adspend_aggregator_failover_seconds on the survivors: {count} takeovers, mean {:.2}s; owners now {owners:?}",
+        "kill {victim}, pause {paused}: adspend_aggregator_failover_seconds on {survivor}: {count} takeovers, mean {:.2}s",
         sum / count
     ));
-    truth.absorb(&traffic.finish().await.expect("simulator run"));
-    settle_truth(&catalog, &truth, "kill aggregator").await;
     let (crossings, limits) = alerts_announced_once(&ALERT_THRESHOLDS).await;
     figure(&format!(
         "alerts through a failover: {crossings} crossings announced once each over {limits} limits"
     ));
+    no_permission_violations(&cluster).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,6 +201,7 @@ async fn docker_pause_aggregator_fenced() {
         unpaused_at.elapsed().as_secs_f64()
     ));
     settle(&catalog, traffic, "pause aggregator").await;
+    no_permission_violations(&cluster).await;
     let (samples, backwards) = monotonic.finish().await;
     assert!(samples > 20, "only {samples} pacer samples");
     assert!(
@@ -261,6 +265,7 @@ async fn docker_kill_nats_and_etcd_node() {
     assert!(!cluster.state("nats3").await.unwrap().running);
     assert!(!cluster.state(&leader).await.unwrap().running);
     settle(&catalog, traffic, "kill nats3 + etcd leader").await;
+    no_permission_violations(&cluster).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -335,6 +340,7 @@ async fn docker_aggregator_cut_off_from_etcd() {
     )
     .await;
     settle(&catalog, traffic, "aggregator cut off from etcd").await;
+    no_permission_violations(&cluster).await;
     let (samples, backwards) = monotonic.finish().await;
     assert!(
         backwards.is_empty(),
@@ -426,6 +432,7 @@ async fn docker_scale_aggregators() {
          adspend_aggregator_failover_seconds {failover_count} (sum {failover_sum:.2}s)"
     ));
     settle(&catalog, traffic, "scale 3 -> 4 -> 2").await;
+    no_permission_violations(&cluster).await;
     let (samples, backwards) = monotonic.finish().await;
     assert!(
         backwards.is_empty(),
@@ -462,4 +469,5 @@ async fn docker_chaos_campaign() {
     assert_eq!(report.mismatches, 0, "{rendered}");
     assert!(report.violations.is_empty(), "{rendered}");
     assert_eq!(report.stalls(), 0, "{rendered}");
+    assert!(report.permission_violations.is_empty(), "{rendered}");
 }

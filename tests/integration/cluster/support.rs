@@ -127,6 +127,20 @@ pub(super) async fn settle_truth(catalog: &Catalog, truth: &Truth, test: &str) {
     figure(&format!("{test}: {summary}"));
 }
 
+/// No service (nor the auditor) was refused a NATS call: every grant it
+/// needs is in deploy/nats-auth.conf.
+pub(super) async fn no_permission_violations(cluster: &Cluster) {
+    let refused = cluster
+        .permission_violations()
+        .await
+        .expect("reading the logs");
+    assert!(
+        refused.is_empty(),
+        "NATS refused calls the services make:\n{}",
+        refused.join("\n")
+    );
+}
+
 /// Budget alert thresholds (percent) of the failover test's limits.
 pub(super) const ALERT_THRESHOLDS: [u64; 3] = [1, 2, 5];
 

@@ -228,6 +228,16 @@ impl SpendState {
             && state.push_seq != 0
             && update.push_seq != state.push_seq + 1;
         if update.epoch > state.epoch {
+            if state.epoch != 0 {
+                // A new owner took the shard over (failover or handover).
+                tracing::info!(
+                    shard = &*shard,
+                    epoch = update.epoch,
+                    previous_epoch = state.epoch,
+                    seq = update.seq,
+                    "pushes from a new owner epoch taken"
+                );
+            }
             state.epoch = update.epoch;
         }
         state.push_seq = update.push_seq;

@@ -11,11 +11,15 @@
 //! (`/v1/shards`, limits) and the aggregators' metrics, watches that nothing
 //! moves backwards, and times takeovers. `traffic` publishes with the
 //! simulator while faults happen and settles the result against the ground
-//! truth.
+//! truth. `failover` is the kill-then-pause run an operator tries first,
+//! and `timeline` reads from the services' logs where a failover's seconds
+//! go.
 
 pub mod chaos;
 mod compose;
+pub mod failover;
 mod observe;
+pub mod timeline;
 mod traffic;
 
 pub use compose::{

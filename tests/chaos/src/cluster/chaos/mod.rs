@@ -30,6 +30,7 @@ use self::watch::Watch;
 use super::compose::pacer;
 use super::compose::Cluster;
 use super::observe::PARTITIONS;
+use super::timeline::{Logs, Timeline};
 use super::traffic::{connect_as, Traffic};
 use adspend_sim::check::wait_for_match_with;
 use adspend_sim::stream_truth::truth_from_stream;
@@ -109,6 +110,9 @@ pub async fn run(
         };
         let n = report.faults.len() + 1;
         let record = one_fault(&cluster, &watch, config, &mut rng, &template, &actions).await?;
+        for timeline in &record.timelines {
+            say(timeline.render().trim_end().to_owned());
+        }
         say(format!(
             "fault {n}/{}: {} [{}]: apply gap {:.1}s, checkpoint gap {:.1}s, max lag {:.1}s, recovered {:.1}s after healing{}",
             config.faults,
@@ -130,6 +134,7 @@ pub async fn run(
         report.publishes_failed += truth.stats.messages_failed;
     }
     settle(&catalog, config, &mut report).await?;
+    report.permission_violations = cluster.permission_violations().await?;
     let (samples, violations, stale_reads) = watch.finish().await;
     report.samples = samples;
     report.violations = violations;
@@ -169,6 +174,24 @@ async fn one_fault(
         let http = access.client_resolving(WATCH_TIMEOUT, "pacer2", addr)?;
         watch.switch_pacer(&access.url_of("pacer2"), http);
     }
+    // Which partitions an aggregator killed or paused owns: their
+    // failover's timeline is read from the logs once they are back.
+    let mut failovers = Vec::new();
+    for action in actions {
+        if let Action::Kill(member) | Action::Pause(member) = action {
+            if member.starts_with("aggregator") {
+                let owned: Vec<u32> = cluster
+                    .owners()
+                    .await?
+                    .into_iter()
+                    .filter(|(_, m)| m == member)
+                    .map(|(p, _)| p)
+                    .collect();
+                failovers.push((action.describe(), member.clone(), owned));
+            }
+        }
+    }
+    let fault_at = chrono::Utc::now();
     watch.open_window();
     for action in actions {
         inject::inject(cluster, action)
@@ -205,7 +228,17 @@ async fn one_fault(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let recovered = healed.elapsed();
+    let mut timelines = Vec::new();
+    if !failovers.is_empty() {
+        let logs = Logs::read(cluster).await?;
+        for (what, member, owned) in &failovers {
+            timelines.push(Timeline::collect(
+                what, member, fault_at, None, owned, &logs,
+            ));
+        }
+    }
     Ok(FaultRecord {
+        timelines,
         kind: template.kind(),
         what: actions
             .iter()
@@ -243,18 +276,22 @@ async fn wait_partitions(watch: &Watch, timeout: Duration) -> anyhow::Result<()>
     Ok(())
 }
 
-/// The catalog in etcd, with a generated one of [`ADS`] ads added under
-/// [`PREFIX`] when it has fewer (the example catalog has two); the pacer
-/// must serve the added limits before anything is published for them.
-async fn ensure_catalog(
-    cluster: &Cluster,
-    say: &mut impl FnMut(String),
-) -> anyhow::Result<Catalog> {
+/// The catalog the cluster runs (in etcd).
+async fn catalog_of(cluster: &Cluster) -> anyhow::Result<Catalog> {
     let text = cluster
         .etcdctl(&["get", "--print-value-only", CATALOG_KEY])
         .await?;
-    let mut catalog: Catalog = serde_json::from_str(text.trim())
-        .with_context(|| format!("the catalog at {CATALOG_KEY}"))?;
+    serde_json::from_str(text.trim()).with_context(|| format!("the catalog at {CATALOG_KEY}"))
+}
+
+/// The catalog in etcd, with a generated one of [`ADS`] ads added under
+/// [`PREFIX`] when it has fewer (the example catalog has two); the pacer
+/// must serve the added limits before anything is published for them.
+pub async fn ensure_catalog(
+    cluster: &Cluster,
+    say: &mut impl FnMut(String),
+) -> anyhow::Result<Catalog> {
+    let mut catalog = catalog_of(cluster).await?;
     if catalog.ads.len() >= ADS as usize || catalog.ads.keys().any(|a| a.starts_with(PREFIX)) {
         return Ok(catalog);
     }

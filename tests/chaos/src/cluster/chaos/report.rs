@@ -7,6 +7,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use super::watch::WindowResult;
+use crate::cluster::timeline::Timeline;
 use adspend_sim::stats::percentile;
 
 /// One fault as it went.
@@ -18,6 +19,8 @@ pub struct FaultRecord {
     /// From healing until every partition applied and checkpointed again.
     pub recovered: Duration,
     pub stalled: bool,
+    /// For an aggregator killed or paused: where its failover's time went.
+    pub timelines: Vec<Timeline>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -27,6 +30,8 @@ pub struct Report {
     /// Draws skipped because the cluster's shape did not allow them.
     pub skipped: u64,
     pub violations: Vec<String>,
+    /// Log lines of calls NATS refused a service for lack of permission.
+    pub permission_violations: Vec<String>,
     /// etcd reads answered from behind a revision already read (etcd's
     /// defect, not adspend's: reported, not counted as violations).
     pub etcd_stale_reads: Vec<String>,
@@ -42,6 +47,14 @@ pub struct Report {
 impl Report {
     pub fn stalls(&self) -> usize {
         self.faults.iter().filter(|f| f.stalled).count()
+    }
+
+    /// Nothing differs, stalled, broke an invariant or was refused.
+    pub fn clean(&self) -> bool {
+        self.mismatches == 0
+            && self.stalls() == 0
+            && self.violations.is_empty()
+            && self.permission_violations.is_empty()
     }
 
     /// The table and the closing line `chaos: N faults, M mismatches, …`.
@@ -106,6 +119,14 @@ impl Report {
         for v in self.violations.iter().take(20) {
             let _ = writeln!(out, "  violation: {v}");
         }
+        let _ = writeln!(
+            out,
+            "NATS permission violations in the services' and NATS's logs: {}",
+            self.permission_violations.len()
+        );
+        for v in self.permission_violations.iter().take(10) {
+            let _ = writeln!(out, "  refused: {v}");
+        }
         if !self.etcd_stale_reads.is_empty() {
             let _ = writeln!(
                 out,
@@ -127,11 +148,12 @@ impl Report {
         );
         let _ = write!(
             out,
-            "chaos: {} faults, {} mismatches, {} stalls, {} violations (seed {})",
+            "chaos: {} faults, {} mismatches, {} stalls, {} violations, {} permission violations (seed {})",
             self.faults.len(),
             self.mismatches,
             self.stalls(),
             self.violations.len(),
+            self.permission_violations.len(),
             self.seed
         );
         out

@@ -56,6 +56,9 @@ pub struct ContainerState {
     pub running: bool,
     pub paused: bool,
     pub exit_code: i64,
+    /// When its process last ended (RFC 3339, as Docker records it): a
+    /// kill's moment, whatever the `docker` command's own delay.
+    pub finished_at: Option<String>,
     /// Compose network names (`data`, `control`) the container is attached to.
     pub networks: Vec<String>,
     /// Its address on the `data` network, reachable from the host.
@@ -209,6 +212,10 @@ impl Cluster {
             running: state["Running"].as_bool().unwrap_or(false),
             paused: state["Paused"].as_bool().unwrap_or(false),
             exit_code: state["ExitCode"].as_i64().unwrap_or(-1),
+            finished_at: state["FinishedAt"]
+                .as_str()
+                .filter(|t| !t.starts_with("0001"))
+                .map(str::to_owned),
             networks: networks
                 .iter()
                 .map(|(name, _)| name.strip_prefix(&prefix).unwrap_or(name).to_owned())
@@ -241,6 +248,36 @@ impl Cluster {
         let tail = tail.to_string();
         self.compose(&["logs", "--no-color", "--tail", &tail, service])
             .await
+    }
+
+    /// Every log line, of NATS or of a service, that tells of a call a
+    /// service or the auditor made and NATS refused for lack of permission
+    /// (a missing grant in deploy/nats-auth.conf). Refusals of the ad server
+    /// and of clients without credentials are the tests' own probes.
+    pub async fn permission_violations(&self) -> anyhow::Result<Vec<String>> {
+        const ROLES: [&str; 4] = ["limiter", "aggregator", "pacer", "auditor"];
+        let mut found = Vec::new();
+        for service in ALL_SERVICES {
+            if service.starts_with("etcd") || service == "s3" || service == "prometheus" {
+                continue;
+            }
+            // A service never started (aggregator4) has no log.
+            let Ok(log) = self.compose(&["logs", "--no-color", service]).await else {
+                continue;
+            };
+            found.extend(
+                log.lines()
+                    .filter(|l| {
+                        let nats_refused = l.contains("Violation")
+                            && ROLES.iter().any(|r| l.contains(&format!("/user:{r}\"")));
+                        let service_refused = l.contains("Permissions Violation")
+                            || l.contains("NATS permission denied");
+                        nats_refused || service_refused
+                    })
+                    .map(str::to_owned),
+            );
+        }
+        Ok(found)
     }
 
     /// Removes the project's containers, networks and volumes. Docker now
