@@ -2,8 +2,10 @@
 //! services run with their own users, the aggregator as shards of some
 //! partitions (each reads the last message of its own subjects), through
 //! budget alerts with a webhook, leases and releases, an idle spell (each
-//! shard's stall check) and a NATS restart (every consumer made again), and
-//! neither the server nor any service saw a permission violation.
+//! shard's stall check), the limiter's source watch reset (its ordered
+//! consumer deleted and made again) and a NATS restart (every consumer made
+//! again), and neither the server nor any service saw a permission
+//! violation.
 
 use std::time::Duration;
 
@@ -98,7 +100,22 @@ async fn every_call_of_every_service_is_granted() {
     // shard's partitions and reads where its own part ends.
     tokio::time::sleep(Duration::from_secs(6)).await;
 
-    // A NATS restart: every consumer is made again after the reconnect.
+    // The limiter's source watch (an ordered consumer) loses its consumer
+    // on the server, as when a NATS node dies: it deletes what is left of
+    // it and makes a new one. Then a restart: every consumer is made again
+    // after the reconnect.
+    let watch = delete_watch_consumer(&p, &auth).await;
+    wait_until(Duration::from_secs(20), Duration::from_millis(200), || {
+        let (p, watch) = (&p, watch.clone());
+        async move {
+            consumer_names(p)
+                .await
+                .iter()
+                .any(|n| n.starts_with(&watch) && *n != watch)
+        }
+    })
+    .await
+    .expect("the source watch did not make a new consumer");
     p.nats.kill();
     p.nats.restart().await;
     truth.absorb(&publish(2_000, 6).await);
@@ -192,4 +209,62 @@ async fn lease_and_release(url: &str, catalog: &sim::Catalog) {
             .is_some_and(|l| l.iter().all(|l| l["released"] == true)),
         "not every lease released: {released}"
     );
+}
+
+/// The consumers on `IMPRESSIONS`, from the server's monitoring endpoint.
+async fn consumer_names(p: &Pipeline) -> Vec<String> {
+    let url = format!("{}/jsz?consumers=true", p.nats.monitor_url());
+    let Ok(response) = reqwest::get(&url).await else {
+        return Vec::new();
+    };
+    let body: serde_json::Value = response.json().await.unwrap_or_default();
+    let mut names = Vec::new();
+    for account in body["account_details"].as_array().into_iter().flatten() {
+        for stream in account["stream_detail"].as_array().into_iter().flatten() {
+            if stream["name"] != "IMPRESSIONS" {
+                continue;
+            }
+            for consumer in stream["consumer_detail"].as_array().into_iter().flatten() {
+                if let Some(name) = consumer["name"].as_str() {
+                    names.push(name.to_owned());
+                }
+            }
+        }
+    }
+    names
+}
+
+/// Deletes the limiter's source watch consumer as the auditor may; returns
+/// its name.
+async fn delete_watch_consumer(p: &Pipeline, auth: &Auth) -> String {
+    let watch = wait_until_some(p).await;
+    let (auditor, _) = connect(&auth.args(&p.nats.url(), "auditor"))
+        .await
+        .expect("the auditor connects");
+    let js = async_nats::jetstream::new(auditor);
+    let stream = js.get_stream("IMPRESSIONS").await.expect("IMPRESSIONS");
+    stream
+        .delete_consumer(&watch)
+        .await
+        .expect("the auditor deletes the watch's consumer");
+    watch
+}
+
+async fn wait_until_some(p: &Pipeline) -> String {
+    let found = std::sync::Mutex::new(None);
+    wait_until(Duration::from_secs(10), Duration::from_millis(200), || {
+        let found = &found;
+        async move {
+            let name = consumer_names(p)
+                .await
+                .into_iter()
+                .find(|n| n.contains("-watch-"));
+            let some = name.is_some();
+            *found.lock().unwrap() = name;
+            some
+        }
+    })
+    .await
+    .expect("no source watch consumer on IMPRESSIONS");
+    found.into_inner().unwrap().unwrap()
 }
