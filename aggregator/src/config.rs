@@ -14,6 +14,10 @@ use clap::Parser;
 /// has its row.
 pub(crate) const ACCEPT_LOSS: &str = "ADSPEND_AGGREGATOR_ACCEPT_LOSS";
 
+/// Environment variable of [`Config::closed_period_days`] (the aggregator's
+/// alone, like [`ACCEPT_LOSS`]).
+pub(crate) const CLOSED_PERIOD_DAYS: &str = "ADSPEND_CLOSED_PERIOD_DAYS";
+
 /// The dedupe window, bounded by stream time and by id count.
 #[derive(Clone, Copy, Debug)]
 pub struct DedupeLimits {
@@ -31,6 +35,8 @@ pub(crate) struct ShardSettings {
     pub(crate) max_deltas: usize,
     pub(crate) lmdb_map_size: usize,
     pub(crate) stream_replicas: usize,
+    /// Days after its end that a period's sums are kept ([`crate::apply::closed`]).
+    pub(crate) closed_period_days: u64,
     /// Shards the operator allowed to be rebuilt at a loss ([`crate::checkpoint::missing`]).
     pub(crate) accept_loss: AcceptLoss,
 }
@@ -127,6 +133,16 @@ pub struct Config {
     /// docs/RECOVERY.md.
     #[arg(long, env = ACCEPT_LOSS)]
     pub(crate) accept_loss: Option<String>,
+    /// Days after a period's end that its sums are kept. Past that, the
+    /// period's sums leave the store, snapshots and pushes; spend that
+    /// arrives later for it still counts toward the limit's lifetime sum,
+    /// and is counted in adspend_aggregator_closed_period_tuples_total.
+    /// Decided by the stream's clock (publish times of SPEND), so every
+    /// replica and every replay decides alike: set it the same on every
+    /// aggregator.
+    #[arg(long, env = CLOSED_PERIOD_DAYS, default_value_t = 35,
+          value_parser = clap::value_parser!(u64).range(1..=36_500))]
+    pub(crate) closed_period_days: u64,
 }
 
 impl Config {
@@ -211,6 +227,7 @@ impl Config {
             max_deltas: self.checkpoint_max_deltas as usize,
             lmdb_map_size: usize::try_from(self.lmdb_map_gib << 30).unwrap_or(usize::MAX),
             stream_replicas: self.streams.replicas(),
+            closed_period_days: self.closed_period_days,
             // Checked by `validate`.
             accept_loss: self.parse_accept_loss().unwrap_or_default(),
         }

@@ -21,6 +21,11 @@ pub(crate) const CHECKPOINT_UPLOADED_BYTES_TOTAL: &str =
     "adspend_aggregator_checkpoint_uploaded_bytes_total";
 pub(crate) const DEDUPE_IDS: &str = "adspend_aggregator_dedupe_ids";
 pub(crate) const DEDUPE_WINDOW_SECONDS: &str = "adspend_aggregator_dedupe_window_seconds";
+/// Spend tuples of closed periods (`ADSPEND_CLOSED_PERIOD_DAYS`): added to
+/// their limits' lifetime sums only. Label `shard`.
+pub(crate) const CLOSED_PERIOD_TUPLES_TOTAL: &str = "adspend_aggregator_closed_period_tuples_total";
+/// Their micros. Label `shard`.
+pub(crate) const CLOSED_PERIOD_MICROS_TOTAL: &str = "adspend_aggregator_closed_period_micros_total";
 pub(crate) const SUMS_PUSHES_TOTAL: &str = "adspend_aggregator_sums_pushes_total";
 pub(crate) const STREAM_INTEGRITY_ERRORS_TOTAL: &str =
     "adspend_aggregator_stream_integrity_errors_total";
@@ -141,6 +146,14 @@ pub(crate) const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         DEDUPE_WINDOW_SECONDS,
         "Stream time the shard's dedupe window covers now.",
+    ),
+    (
+        CLOSED_PERIOD_TUPLES_TOTAL,
+        "Spend tuples of periods closed for longer than ADSPEND_CLOSED_PERIOD_DAYS: added to lifetime sums only.",
+    ),
+    (
+        CLOSED_PERIOD_MICROS_TOTAL,
+        "Micros of the spend tuples of closed periods (lifetime sums only).",
     ),
     (
         SUMS_PUSHES_TOTAL,

@@ -6,6 +6,7 @@ mod catalog_watch;
 mod chaos;
 mod checkpoint_record;
 mod closed_loop;
+mod closed_periods;
 mod cluster;
 mod config_doc;
 mod config_errors;

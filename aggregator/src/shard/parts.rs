@@ -69,6 +69,7 @@ pub(super) async fn start(opened: Opened, stop: &Stop) -> Result<Running, Error>
         dirty.clone(),
         checkpoint_tx,
     )?
+    .with_closed_period_days(opened.settings.closed_period_days)
     .for_shard(&opened.shard, opened.lease.clone());
     let changes = writer.changes();
     // The next checkpoint extends the recorded chain when the store is of
