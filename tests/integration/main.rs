@@ -5,6 +5,7 @@ mod alerts;
 mod catalog_watch;
 mod chaos;
 mod checkpoint_record;
+mod client;
 mod closed_loop;
 mod closed_periods;
 mod cluster;
