@@ -53,7 +53,7 @@ async fn bid_for(book: &LeaseBook, publisher: &Publisher, served: &mut Served, s
             };
             *served.by_campaign.entry(campaign).or_default() += COST;
             *served.by_lease.entry(lease_id.to_string()).or_default() += COST;
-            if served.impressions % 25 == 0 {
+            if served.impressions.is_multiple_of(25) {
                 served.duplicates += 1;
                 publisher.publish(impression.clone()).await.expect("open");
             }
