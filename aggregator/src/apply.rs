@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::checkpoint::delta::Changes;
 pub use crate::config::DedupeLimits;
+use crate::dedupe::window::Window;
 use crate::dedupe::{self, IdSet, ShardOrder};
 use crate::disk;
 use crate::error::Error;
@@ -66,6 +67,8 @@ pub struct Writer {
     requests: u64,
     /// The ids of the dedupe window (see [`crate::dedupe`]).
     ids: IdSet,
+    /// What the window holds, for the pusher's report.
+    window: Arc<Window>,
     /// Packed ids first seen by the transaction in progress.
     new_ids: Vec<u8>,
     /// The ids of the group in progress, in stream order, and which of them
@@ -129,6 +132,7 @@ impl Writer {
             last_marker: 0,
             requests: 0,
             ids,
+            window: Arc::new(Window::new(dedupe)),
             new_ids: Vec::new(),
             group_ids: Vec::new(),
             shard_order: ShardOrder::default(),
@@ -172,6 +176,16 @@ impl Writer {
     /// Message ids in the dedupe window.
     pub fn dedupe_ids(&self) -> usize {
         self.ids.len()
+    }
+
+    /// Bytes of the dedupe window's in-memory tables.
+    pub fn dedupe_table_bytes(&self) -> u64 {
+        self.ids.table_bytes()
+    }
+
+    /// What the dedupe window holds, as of the last commit.
+    pub(crate) fn window(&self) -> Arc<Window> {
+        self.window.clone()
     }
 
     /// Apply until the channel closes. Blocking: run on a dedicated thread.

@@ -14,6 +14,7 @@ mod config_errors;
 mod dashboard;
 mod deadletter;
 mod decisions;
+mod dedupe_window;
 mod etcd_endpoints;
 mod etcd_tls;
 mod fair;
