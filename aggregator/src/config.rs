@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use adspend_common::config::{
-    data_dir_or_default, parse_addr, EtcdArgs, NatsArgs, PartitionArgs, StreamArgs,
+    data_dir_or_default, parse_addr, EtcdArgs, NatsArgs, PartitionArgs, SpendTrimArgs, StreamArgs,
 };
 use adspend_common::env;
 use adspend_common::Error;
@@ -37,6 +37,8 @@ pub(crate) struct ShardSettings {
     pub(crate) stream_replicas: usize,
     /// Days after its end that a period's sums are kept ([`crate::apply::closed`]).
     pub(crate) closed_period_days: u64,
+    /// Whether shards trim their `SPEND` partitions (`ADSPEND_SPEND_TRIM`).
+    pub(crate) spend_trim: bool,
     /// Shards the operator allowed to be rebuilt at a loss ([`crate::checkpoint::missing`]).
     pub(crate) accept_loss: AcceptLoss,
 }
@@ -60,6 +62,8 @@ pub struct Config {
     pub(crate) nats: NatsArgs,
     #[command(flatten)]
     pub(crate) streams: StreamArgs,
+    #[command(flatten)]
+    pub(crate) spend: SpendTrimArgs,
     #[command(flatten)]
     pub(crate) etcd: EtcdArgs,
     #[command(flatten)]
@@ -228,6 +232,7 @@ impl Config {
             lmdb_map_size: usize::try_from(self.lmdb_map_gib << 30).unwrap_or(usize::MAX),
             stream_replicas: self.streams.replicas(),
             closed_period_days: self.closed_period_days,
+            spend_trim: self.spend.spend_trim == adspend_common::config::SpendTrim::Checkpoint,
             // Checked by `validate`.
             accept_loss: self.parse_accept_loss().unwrap_or_default(),
         }

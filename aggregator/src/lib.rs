@@ -49,7 +49,7 @@ pub(crate) mod telemetry;
 pub(crate) mod writers;
 
 // What other crates name (the tests crate's benches and recovery tests).
-pub use checkpoint::{checkpointer, record, restore};
+pub use checkpoint::{checkpointer, record, restore, trim};
 
 use std::net::SocketAddr;
 

@@ -40,6 +40,11 @@ pub(crate) const CLOSED_PERIOD_MICROS_TOTAL: &str = "adspend_aggregator_closed_p
 pub(crate) const SUMS_PUSHES_TOTAL: &str = "adspend_aggregator_sums_pushes_total";
 pub(crate) const STREAM_INTEGRITY_ERRORS_TOTAL: &str =
     "adspend_aggregator_stream_integrity_errors_total";
+/// `SPEND` messages of the shard's partitions trimmed below its oldest kept
+/// checkpoint (docs/RETENTION.md).
+pub(crate) const SPEND_TRIMMED_TOTAL: &str = "adspend_aggregator_spend_trimmed_messages_total";
+/// The sequence below which the shard's partitions are trimmed.
+pub(crate) const SPEND_TRIMMED_BELOW: &str = "adspend_aggregator_spend_trimmed_below_seq";
 /// `SPEND` messages or tuples the aggregator set aside (dead lettered) by
 /// reason, instead of stopping on them.
 pub(crate) const SPEND_SET_ASIDE_TOTAL: &str = "adspend_aggregator_spend_set_aside_total";
@@ -185,6 +190,14 @@ pub(crate) const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         STREAM_INTEGRITY_ERRORS_TOTAL,
         "SPEND found with a retention gap or gone backwards, by kind; the shard stops.",
+    ),
+    (
+        SPEND_TRIMMED_TOTAL,
+        "SPEND messages of the shard's partitions trimmed below its oldest kept checkpoint.",
+    ),
+    (
+        SPEND_TRIMMED_BELOW,
+        "The sequence below which the shard's SPEND partitions are trimmed.",
     ),
     (
         SPEND_SET_ASIDE_TOTAL,

@@ -94,6 +94,62 @@ impl StreamArgs {
     }
 }
 
+/// What the limiter's streams keep (docs/RETENTION.md). The limiter applies
+/// them to `IMPRESSIONS` and `DEADLETTER` at every start; the aggregator
+/// creates a missing `DEADLETTER` with the defaults.
+#[derive(Args, Clone, Debug, PartialEq)]
+pub struct RetentionArgs {
+    /// How long acknowledged impressions stay in IMPRESSIONS (replay of
+    /// set-aside input, forensics), in milliseconds; input not yet
+    /// acknowledged is never removed, whatever its age.
+    #[arg(long = "input-retention-ms", env = env::INPUT_RETENTION_MS,
+          default_value_t = 3_600_000,
+          value_parser = clap::value_parser!(u64).range(1_000..))]
+    pub input_retention_ms: u64,
+    /// Byte cap of IMPRESSIONS: once reached, NATS refuses ad servers'
+    /// publishes (backpressure, never a drop) until the limiter catches up;
+    /// acknowledged input is then removed before its retention ends. 0: no
+    /// cap of its own (the NATS store's limit bounds it).
+    #[arg(long = "input-max-bytes", env = env::INPUT_MAX_BYTES, default_value_t = 0)]
+    pub input_max_bytes: u64,
+    /// How long DEADLETTER keeps rejected input, in milliseconds.
+    #[arg(long = "deadletter-retention-ms", env = env::DEADLETTER_RETENTION_MS,
+          default_value_t = 604_800_000,
+          value_parser = clap::value_parser!(u64).range(1_000..))]
+    pub deadletter_retention_ms: u64,
+    /// Byte cap of DEADLETTER: once reached, its oldest dead letters go
+    /// first (bad input never stops the pipeline).
+    #[arg(long = "deadletter-max-bytes", env = env::DEADLETTER_MAX_BYTES,
+          default_value_t = 1 << 30,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub deadletter_max_bytes: u64,
+}
+
+impl RetentionArgs {
+    pub fn input_retention(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.input_retention_ms)
+    }
+}
+
+/// How far back the aggregator keeps `SPEND` (docs/RETENTION.md).
+#[derive(Args, Clone, Debug, PartialEq)]
+pub struct SpendTrimArgs {
+    /// `checkpoint`: after each checkpoint a shard trims its partitions
+    /// below the oldest base snapshot it keeps. `off`: never; SPEND grows
+    /// without bound, and a shard whose snapshots are all gone can still be
+    /// rebuilt by replaying it from sequence 1.
+    #[arg(long = "spend-trim", env = env::SPEND_TRIM, value_enum,
+          default_value_t = SpendTrim::Checkpoint)]
+    pub spend_trim: SpendTrim,
+}
+
+/// See [`SpendTrimArgs`].
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpendTrim {
+    Checkpoint,
+    Off,
+}
+
 #[derive(Args, Clone, Debug, Default, PartialEq)]
 pub struct EtcdArgs {
     /// Comma-separated etcd endpoints; empty means single-machine mode

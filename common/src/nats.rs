@@ -4,18 +4,25 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, stream};
-
 use crate::config::NatsArgs;
 use crate::env;
 use crate::error::{Error, Result};
 use crate::telemetry::{NATS_PERMISSION_VIOLATIONS_TOTAL, NATS_UNAUTHENTICATED};
 
+mod age;
+mod streams;
+
+pub use age::first_newer_than;
+pub use streams::{
+    ensure_alerts, ensure_deadletter, ensure_deadletter_with, ensure_impressions,
+    ensure_impressions_with, ensure_spend, DeadletterLimits, InputLimits,
+};
+
 pub const IMPRESSIONS_STREAM: &str = "IMPRESSIONS";
 pub const IMPRESSIONS_SUBJECTS: &str = "impressions.>";
 pub const SPEND_STREAM: &str = "SPEND";
-pub(crate) const SPEND_SUBJECTS: &str = "spend.*";
-pub(crate) const DEADLETTER_STREAM: &str = "DEADLETTER";
+pub const SPEND_SUBJECTS: &str = "spend.*";
+pub const DEADLETTER_STREAM: &str = "DEADLETTER";
 pub(crate) const DEADLETTER_SUBJECTS: &str = "deadletter.>";
 pub const ALERTS_STREAM: &str = "ALERTS";
 pub const ALERTS_SUBJECTS: &str = "adspend.alerts.>";
@@ -324,85 +331,6 @@ fn check_pem(name: &'static str, path: &Path, markers: &[&str]) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-async fn ensure(js: &jetstream::Context, config: stream::Config) -> Result<stream::Stream> {
-    let name = config.name.clone();
-    js.get_or_create_stream(config)
-        .await
-        .map_err(Error::jetstream(format!("create stream {name}")))
-}
-
-/// `IMPRESSIONS`: written by ad servers, read by the limiter. `replicas`
-/// applies when the stream is created (a JetStream cluster keeps that many
-/// copies); an existing stream is used as it is.
-pub async fn ensure_impressions(
-    js: &jetstream::Context,
-    replicas: usize,
-) -> Result<stream::Stream> {
-    ensure(
-        js,
-        stream::Config {
-            name: IMPRESSIONS_STREAM.into(),
-            subjects: vec![IMPRESSIONS_SUBJECTS.into()],
-            storage: stream::StorageType::File,
-            num_replicas: replicas,
-            ..Default::default()
-        },
-    )
-    .await
-}
-
-/// `SPEND`: spend tuples and checkpoint markers, one subject per partition.
-/// No acknowledgements are used on it; the aggregator tracks its position.
-pub async fn ensure_spend(js: &jetstream::Context, replicas: usize) -> Result<stream::Stream> {
-    ensure(
-        js,
-        stream::Config {
-            name: SPEND_STREAM.into(),
-            subjects: vec![SPEND_SUBJECTS.into()],
-            storage: stream::StorageType::File,
-            num_replicas: replicas,
-            max_message_size: 8 * 1024 * 1024,
-            ..Default::default()
-        },
-    )
-    .await
-}
-
-/// `DEADLETTER`: rejected input with its reason.
-pub async fn ensure_deadletter(js: &jetstream::Context, replicas: usize) -> Result<stream::Stream> {
-    ensure(
-        js,
-        stream::Config {
-            name: DEADLETTER_STREAM.into(),
-            subjects: vec![DEADLETTER_SUBJECTS.into()],
-            storage: stream::StorageType::File,
-            num_replicas: replicas,
-            ..Default::default()
-        },
-    )
-    .await
-}
-
-/// `ALERTS`: budget alerts, one subject per limit, each crossing once (its
-/// message id dedupes re-announcements; docs/BUDGET-ALERTS.md). No age limit: the
-/// last alert of a lifetime limit must stay to be compared with.
-pub async fn ensure_alerts(js: &jetstream::Context, replicas: usize) -> Result<stream::Stream> {
-    ensure(
-        js,
-        stream::Config {
-            name: ALERTS_STREAM.into(),
-            subjects: vec![ALERTS_SUBJECTS.into()],
-            storage: stream::StorageType::File,
-            num_replicas: replicas,
-            duplicate_window: ALERTS_DUPLICATE_WINDOW,
-            max_messages_per_subject: ALERTS_PER_LIMIT,
-            max_message_size: 4 * 1024,
-            ..Default::default()
-        },
-    )
-    .await
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use adspend_common::catalog_source::CatalogSource;
 use adspend_common::config::{
-    parse_addr, CatalogArgs, EtcdArgs, NatsArgs, PartitionArgs, StreamArgs,
+    parse_addr, CatalogArgs, EtcdArgs, NatsArgs, PartitionArgs, RetentionArgs, StreamArgs,
 };
 use adspend_common::env;
 use adspend_common::Error;
@@ -18,6 +18,8 @@ pub struct Config {
     pub(crate) nats: NatsArgs,
     #[command(flatten)]
     pub(crate) streams: StreamArgs,
+    #[command(flatten)]
+    pub(crate) retention: RetentionArgs,
     #[command(flatten)]
     pub(crate) etcd: EtcdArgs,
     #[command(flatten)]

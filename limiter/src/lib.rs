@@ -24,6 +24,7 @@ mod nats_store;
 mod pipeline;
 mod publish;
 mod report;
+mod retention;
 mod set_aside;
 pub mod telemetry;
 
@@ -90,10 +91,23 @@ pub async fn run(validated: Validated, context: Context) -> Result<(), Error> {
     let client = nats::connect(&config.nats, "adspend-limiter").await?;
     let js = jetstream::new(client.clone());
     let replicas = config.streams.replicas();
-    let impressions = nats::ensure_impressions(&js, replicas).await?;
+    let input_limits = nats::InputLimits::from_args(&config.retention);
+    let impressions = nats::ensure_impressions_with(&js, replicas, &input_limits).await?;
     nats::ensure_spend(&js, replicas).await?;
-    nats::ensure_deadletter(&js, replicas).await?;
+    let deadletter_limits = nats::DeadletterLimits::from_args(&config.retention);
+    nats::ensure_deadletter_with(&js, replicas, &deadletter_limits).await?;
     nats_store::watch(js.clone(), &tasks, shutdown.clone());
+    retention::start(
+        retention::Settings {
+            nats: config.nats.clone(),
+            replicas,
+            prefix: config.consumer.clone(),
+            token: config.source_token as usize,
+            args: config.retention.clone(),
+        },
+        &tasks,
+        shutdown.clone(),
+    );
 
     // FIFO scheduling holds nobody back: nothing to count.
     let fair = config.scheduling == config::Scheduling::Fair;

@@ -53,6 +53,20 @@ pub(crate) const NATS_STORAGE_BYTES: &str = "adspend_limiter_nats_storage_bytes"
 /// unlimited, where only the server's `max_file_store` and the disk bound it.
 pub(crate) const NATS_STORAGE_LIMIT_BYTES: &str = "adspend_limiter_nats_storage_limit_bytes";
 
+// what the input streams keep (docs/RETENTION.md)
+/// Bytes a stream the limiter writes or reads holds (label `stream`:
+/// `IMPRESSIONS`, `DEADLETTER`), read every retention round.
+pub(crate) const STREAM_BYTES: &str = "adspend_limiter_stream_bytes";
+/// That stream's byte cap; 0 when it has none. At the cap `IMPRESSIONS`
+/// refuses ad servers' publishes and `DEADLETTER` drops its oldest letters.
+pub(crate) const STREAM_MAX_BYTES: &str = "adspend_limiter_stream_max_bytes";
+/// Age of the oldest message `IMPRESSIONS` holds: about
+/// `ADSPEND_INPUT_RETENTION_MS` in steady state, more while input waits
+/// unacknowledged, less while the byte cap presses.
+pub(crate) const INPUT_OLDEST_SECONDS: &str = "adspend_limiter_input_oldest_seconds";
+/// Acknowledged input messages purged from `IMPRESSIONS`, by `reason`:
+/// `age` (past the retention) or `cap` (before it, the byte cap pressing).
+pub(crate) const INPUT_PURGED_TOTAL: &str = "adspend_limiter_input_purged_messages_total";
 /// The `# HELP` text of the names above, for
 /// `adspend_common::telemetry::describe`.
 pub(crate) const DESCRIPTIONS: &[(&str, &str)] = &[
@@ -120,5 +134,21 @@ pub(crate) const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         NATS_STORAGE_LIMIT_BYTES,
         "The account's JetStream file store limit in bytes; 0 when unlimited.",
+    ),
+    (
+        STREAM_BYTES,
+        "Bytes the stream holds (IMPRESSIONS, DEADLETTER), by stream.",
+    ),
+    (
+        STREAM_MAX_BYTES,
+        "The stream's byte cap; 0 when it has none.",
+    ),
+    (
+        INPUT_OLDEST_SECONDS,
+        "Age of the oldest message IMPRESSIONS holds.",
+    ),
+    (
+        INPUT_PURGED_TOTAL,
+        "Acknowledged input messages purged from IMPRESSIONS, by reason (age, cap).",
     ),
 ];

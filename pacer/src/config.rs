@@ -38,6 +38,11 @@ pub struct Config {
         hide_default_value = true
     )]
     pub(crate) alerts_webhook_secret: Secret,
+    /// How long ALERTS keeps budget alerts, in milliseconds; the last alert
+    /// of every limit stays whatever its age (docs/RETENTION.md).
+    #[arg(long, env = env::ALERTS_RETENTION_MS, default_value_t = 3_024_000_000,
+          value_parser = clap::value_parser!(u64).range(1_000..))]
+    pub(crate) alerts_retention_ms: u64,
     /// HTTP listen address of the API and dashboard.
     #[arg(long, env = env::PACER_ADDR, default_value = "127.0.0.1:8080")]
     pub(crate) pacer_addr: String,
@@ -223,6 +228,7 @@ impl Config {
             alerts: crate::alerts::Settings {
                 stream_replicas: self.streams.replicas(),
                 webhook: self.webhook()?,
+                retention: std::time::Duration::from_millis(self.alerts_retention_ms),
             },
         })
     }

@@ -38,6 +38,7 @@ mod poison;
 mod prometheus;
 mod recovery;
 mod restart;
+mod retention;
 mod sim_selftest;
 mod snapshot_gone;
 mod sources;

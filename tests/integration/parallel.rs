@@ -58,7 +58,8 @@ async fn limiter_workers_keep_each_partitions_order_and_ids() {
     let mut config = sim_config(20_000, 91);
     config.duplicate_rate = 0.0;
     let truth = p.publish(&config).await;
-    p.aggregator = Some(p.spawn("aggregator"));
+    // SPEND is read whole below: the shards keep it untrimmed.
+    p.aggregator = Some(p.spawn_with("aggregator", free_port(), &[("ADSPEND_SPEND_TRIM", "off")]));
     p.pacer = Some(p.spawn("pacer"));
     p.wait_pacer().await;
     p.limiter = Some(p.spawn_with(

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::delta::Changes;
+use crate::checkpoint::trim::{base_seq, SpendTrim};
 use crate::error::Error;
 use crate::fence::Validity;
 use crate::handoff::CheckpointRequest;
@@ -55,6 +56,9 @@ pub struct Checkpointer {
     /// is a full copy). A new base is also copied once the deltas add up
     /// to the base's size.
     pub max_deltas: usize,
+    /// Trims the shard's `SPEND` partitions after each checkpoint; `None`
+    /// keeps them whole (benchmarks, unit tests).
+    pub trim: Option<SpendTrim>,
 }
 
 impl Checkpointer {
@@ -274,7 +278,8 @@ impl Checkpointer {
         self.next_id += 1;
         failpoint::hit("aggregator.after_record");
         metrics::counter!(CHECKPOINT_UPLOADED_BYTES_TOTAL, "kind" => "delta").increment(size_bytes);
-        self.collect_garbage(&record, Some(keys)).await;
+        let oldest_kept = self.collect_garbage(&record, Some(keys)).await;
+        self.trim_spend(oldest_kept).await;
         Ok(record)
     }
 
@@ -349,7 +354,8 @@ impl Checkpointer {
         failpoint::hit("aggregator.after_record");
         metrics::counter!(CHECKPOINT_UPLOADED_BYTES_TOTAL, "kind" => "base").increment(size_bytes);
         let _ = tokio::fs::remove_dir_all(&dir).await;
-        self.collect_garbage(&record, None).await;
+        let oldest_kept = self.collect_garbage(&record, None).await;
+        self.trim_spend(oldest_kept).await;
         Ok(record)
     }
 
@@ -364,6 +370,13 @@ impl Checkpointer {
         }
     }
 
+    /// Trim `SPEND` below the oldest kept base's position, when known.
+    async fn trim_spend(&mut self, oldest_kept: Option<u64>) {
+        if let (Some(trim), Some(oldest_kept)) = (self.trim.as_mut(), oldest_kept) {
+            trim.trim(&self.shard, oldest_kept).await;
+        }
+    }
+
     /// Delete what no kept chain needs: the chains older than the newest
     /// `keep + 1` bases (the recorded chain's and `keep` before it), and in
     /// the recorded chain's range the objects it does not name (failed
@@ -371,21 +384,24 @@ impl Checkpointer {
     /// is deleted, nor an object whose name does not parse or whose id is
     /// past the record's (another owner's). `keys`: the shard's objects as
     /// listed before this checkpoint's upload, if they were (the new object
-    /// is named by the record, so it need not be among them).
-    async fn collect_garbage(&self, record: &CheckpointRecord, keys: Option<Vec<String>>) {
+    /// is named by the record, so it need not be among them). Returns the
+    /// position of the oldest base kept, when the listing and names tell.
+    async fn collect_garbage(
+        &self,
+        record: &CheckpointRecord,
+        keys: Option<Vec<String>>,
+    ) -> Option<u64> {
         let keys = match keys {
             Some(keys) => keys,
             None => match self.snapshots.list(&self.shard).await {
                 Ok(keys) => keys,
                 Err(e) => {
                     tracing::warn!(error = %e, "snapshot GC: listing failed");
-                    return;
+                    return None;
                 }
             },
         };
-        let Some(base_id) = object_id(&record.snapshot_key) else {
-            return;
-        };
+        let base_id = object_id(&record.snapshot_key)?;
         let mut older_bases: Vec<u64> = keys
             .iter()
             .filter(|k| k.ends_with(".mdb"))
@@ -400,6 +416,8 @@ impl Checkpointer {
             .unwrap_or(base_id);
         let named =
             |key: &str| key == record.snapshot_key || record.deltas.iter().any(|d| d.key == key);
+        // Every base that stays (an undeletable one too) may be restored.
+        let mut oldest_kept = base_seq(&record.snapshot_key)?;
         for key in &keys {
             let doomed = match object_id(key) {
                 Some(id) if id < cutoff => true,
@@ -407,11 +425,16 @@ impl Checkpointer {
                 None => false,
             };
             if doomed && !named(key) {
-                if let Err(e) = self.snapshots.delete(key).await {
-                    tracing::warn!(error = %e, "snapshot GC: delete failed");
+                match self.snapshots.delete(key).await {
+                    Ok(()) => continue,
+                    Err(e) => tracing::warn!(error = %e, "snapshot GC: delete failed"),
                 }
             }
+            if key.ends_with(".mdb") {
+                oldest_kept = oldest_kept.min(base_seq(key)?);
+            }
         }
+        Some(oldest_kept)
     }
 }
 

@@ -24,6 +24,7 @@ use crate::apply::{self, Dirty, Overflowed, Writer};
 use crate::checkpoint::checkpointer::Checkpointer;
 use crate::checkpoint::delta::Changes;
 use crate::checkpoint::record::CheckpointRecord;
+use crate::checkpoint::trim::SpendTrim;
 use crate::error::Error;
 use crate::push;
 use crate::store::Store;
@@ -85,6 +86,8 @@ pub(super) async fn start(opened: Opened, stop: &Stop) -> Result<Running, Error>
     let writer = spawn_writer(&opened.shard, writer, incoming_rx, failure.clone())?;
 
     nats::ensure_deadletter(&opened.js, opened.settings.stream_replicas).await?;
+    let trim = (opened.settings.spend_trim)
+        .then(|| SpendTrim::new(opened.stream.clone(), opened.partitions.clone()));
     let consumer = consume::Consumer {
         stream: opened.stream,
         deadletters: opened.js.clone(),
@@ -111,6 +114,7 @@ pub(super) async fn start(opened: Opened, stop: &Stop) -> Result<Running, Error>
         changes,
         chain,
         max_deltas: opened.settings.max_deltas,
+        trim,
     };
     // Stopped only after the writer's last commit, so that a handover's
     // final checkpoint holds everything applied.

@@ -67,7 +67,7 @@ fn consumer_error(consumer: &str, e: impl Into<adspend_common::error::BoxError>)
 }
 
 /// Metadata key of a lane: its source.
-const SOURCE_KEY: &str = "adspend_source";
+pub(crate) const SOURCE_KEY: &str = "adspend_source";
 /// Metadata key prefix of the FIFO consumer: `<prefix><source>` → the
 /// stream sequence up to which that source's lane had handled everything
 /// when the FIFO consumer took over.

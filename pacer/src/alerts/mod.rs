@@ -16,6 +16,7 @@
 mod announce;
 mod detect;
 pub(crate) mod recent;
+mod retention;
 pub mod webhook;
 
 use std::sync::Arc;
@@ -35,6 +36,8 @@ pub use recent::Recent;
 pub(crate) const ALERTS_ANNOUNCED_TOTAL: &str = "adspend_alerts_announced_total";
 /// Webhook deliveries by outcome (delivered, retried, given_up).
 pub(crate) const ALERTS_WEBHOOK_TOTAL: &str = "adspend_alerts_webhook_total";
+/// Alerts purged from `ALERTS` past `ADSPEND_ALERTS_RETENTION_MS`.
+pub(crate) const ALERTS_PURGED_TOTAL: &str = "adspend_alerts_purged_total";
 
 /// The alert metrics' help texts.
 pub(crate) const DESCRIPTIONS: &[(&str, &str)] = &[
@@ -45,6 +48,10 @@ pub(crate) const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         ALERTS_WEBHOOK_TOTAL,
         "Budget alert webhook deliveries, by outcome (delivered, retried, given_up).",
+    ),
+    (
+        ALERTS_PURGED_TOTAL,
+        "Budget alerts purged from ALERTS past their retention (each limit's last stays).",
     ),
 ];
 
@@ -96,6 +103,8 @@ pub(crate) fn alert_id(limit_id: &str, period_start: Option<&str>, threshold: u1
 pub(crate) struct Settings {
     pub(crate) stream_replicas: usize,
     pub(crate) webhook: Option<webhook::Target>,
+    /// How long alerts stay on `ALERTS` (each limit's last stays).
+    pub(crate) retention: std::time::Duration,
 }
 
 /// Start detection, announcement, the stream follower and (when set) the
@@ -122,6 +131,11 @@ pub(crate) async fn start(
         catalog,
         marks.clone(),
         tx,
+        shutdown.clone(),
+    ));
+    tasks.spawn(retention::run(
+        stream.clone(),
+        settings.retention,
         shutdown.clone(),
     ));
     tasks.spawn(recent::follow(

@@ -72,6 +72,7 @@ impl DeltaBench {
             changes: writer.changes(),
             chain: None,
             max_deltas: 1_000,
+            trim: None,
         };
         {
             let mut txn = store.write_txn()?;

@@ -300,6 +300,7 @@ pub async fn checkpoint_under_load(
         changes: writer_changes,
         chain: None,
         max_deltas: 0,
+        trim: None,
     };
     // Let the writer run alone first, for the baseline.
     tokio::time::sleep(Duration::from_secs(3)).await;

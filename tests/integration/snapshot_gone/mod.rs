@@ -30,7 +30,8 @@ use crate::recovery::{log_len, log_since};
 use crate::support::{assert_exact, metric, sim_config, try_metric, Backends, Pipeline};
 
 /// The store loses every object of the shard and the aggregator its LMDB
-/// while it is down; `SPEND` still holds every message. Restarted, it says
+/// while it is down; `SPEND` still holds every message (the shards do not
+/// trim it: `ADSPEND_SPEND_TRIM=off`, docs/RETENTION.md). Restarted, it says
 /// so, rebuilds the shard from an empty state by replaying the whole stream
 /// (start `rebuilt`, at sequence 0), and a fresh pacer is exact, duplicates
 /// and all; the rebuild is counted, the next checkpoint is a new base of a
@@ -40,7 +41,7 @@ async fn a_gone_snapshot_is_rebuilt_exactly_by_replaying_the_whole_stream() {
     let started = Instant::now();
     let mut p = Pipeline::start(ETCD_S3, 300).await;
     let port = free_port();
-    let mut aggregator = p.spawn_with("aggregator", port, &[]);
+    let mut aggregator = p.spawn_with("aggregator", port, &[("ADSPEND_SPEND_TRIM", "off")]);
     p.limiter = Some(p.spawn("limiter"));
     p.pacer = Some(p.spawn("pacer"));
     p.wait_pacer().await;

@@ -32,6 +32,7 @@ async fn checkpointer(
         changes: writer.changes(),
         chain: None,
         max_deltas,
+        trim: None,
     }
 }
 
