@@ -71,6 +71,8 @@ pub const PACER_TLS_KEY: &str = "ADSPEND_PACER_TLS_KEY";
 pub const PACER_LEASE_GRACE_MS: &str = "ADSPEND_PACER_LEASE_GRACE_MS";
 pub const ALERTS_WEBHOOK_URL: &str = "ADSPEND_ALERTS_WEBHOOK_URL";
 pub const ALERTS_WEBHOOK_SECRET: &str = "ADSPEND_ALERTS_WEBHOOK_SECRET";
+/// etcd's quota (`--quota-backend-bytes`), which its API does not report.
+pub const ETCD_QUOTA_BYTES: &str = "ADSPEND_ETCD_QUOTA_BYTES";
 
 /// Every name above, for checks over all of them.
 #[cfg(test)]
@@ -130,6 +132,7 @@ const ALL: &[&str] = &[
     PACER_LEASE_GRACE_MS,
     ALERTS_WEBHOOK_URL,
     ALERTS_WEBHOOK_SECRET,
+    ETCD_QUOTA_BYTES,
 ];
 
 #[cfg(test)]
