@@ -149,6 +149,8 @@ pub enum SpendTrim {
     Checkpoint,
     Off,
 }
+/// etcd's default `--quota-backend-bytes`: 2 GiB.
+pub const ETCD_DEFAULT_QUOTA_BYTES: u64 = 2 << 30;
 
 #[derive(Args, Clone, Debug, Default, PartialEq)]
 pub struct EtcdArgs {
@@ -174,6 +176,15 @@ pub struct EtcdArgs {
     /// PEM private key of ADSPEND_ETCD_TLS_CERT.
     #[arg(long = "etcd-tls-key", env = env::ETCD_TLS_KEY)]
     pub etcd_tls_key: Option<PathBuf>,
+
+    /// etcd's quota (its --quota-backend-bytes), which its API does not
+    /// report: the services compare etcd's database size with it
+    /// (adspend_etcd_db_size_bytes, adspend_etcd_quota_bytes). Default:
+    /// etcd's own default, 2 GiB.
+    #[arg(long = "etcd-quota-bytes", env = env::ETCD_QUOTA_BYTES,
+          default_value_t = ETCD_DEFAULT_QUOTA_BYTES,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub etcd_quota_bytes: u64,
 }
 
 /// The PEM contents behind [`EtcdArgs`]' TLS settings, read and checked.
@@ -190,6 +201,15 @@ impl EtcdArgs {
         EtcdArgs {
             etcd_endpoints: endpoints.into(),
             ..EtcdArgs::default()
+        }
+    }
+
+    /// [`EtcdArgs::etcd_quota_bytes`]; etcd's default where unset (0, as
+    /// [`EtcdArgs::plain`] leaves it).
+    pub fn quota_bytes(&self) -> u64 {
+        match self.etcd_quota_bytes {
+            0 => ETCD_DEFAULT_QUOTA_BYTES,
+            quota => quota,
         }
     }
 

@@ -77,6 +77,8 @@ pub const PACER_LEASE_GRACE_MS: &str = "ADSPEND_PACER_LEASE_GRACE_MS";
 pub const ALERTS_WEBHOOK_URL: &str = "ADSPEND_ALERTS_WEBHOOK_URL";
 pub const ALERTS_WEBHOOK_SECRET: &str = "ADSPEND_ALERTS_WEBHOOK_SECRET";
 pub const ALERTS_RETENTION_MS: &str = "ADSPEND_ALERTS_RETENTION_MS";
+/// etcd's quota (`--quota-backend-bytes`), which its API does not report.
+pub const ETCD_QUOTA_BYTES: &str = "ADSPEND_ETCD_QUOTA_BYTES";
 
 /// Every name above, for checks over all of them.
 #[cfg(test)]
@@ -142,6 +144,7 @@ const ALL: &[&str] = &[
     ALERTS_WEBHOOK_URL,
     ALERTS_WEBHOOK_SECRET,
     ALERTS_RETENTION_MS,
+    ETCD_QUOTA_BYTES,
 ];
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::EtcdArgs;
 
 mod endpoints;
+mod status;
 use crate::error::{Error, Result};
 
 /// Where a client's background work (the endpoint prober, with several
@@ -22,6 +23,9 @@ pub struct Background {
     tasks: TaskTracker,
     stop: CancellationToken,
     _owned: Option<Arc<DropGuard>>,
+    /// Whether a client on it already reads etcd's status ([`status`]):
+    /// one reader per service's background, however many clients.
+    reading_status: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Background {
@@ -31,6 +35,7 @@ impl Background {
             tasks: tasks.clone(),
             stop,
             _owned: None,
+            reading_status: Arc::default(),
         }
     }
 
@@ -42,6 +47,7 @@ impl Background {
             tasks: TaskTracker::new(),
             _owned: Some(Arc::new(stop.clone().drop_guard())),
             stop,
+            reading_status: Arc::default(),
         }
     }
 }
@@ -101,6 +107,7 @@ pub async fn connect(etcd: &EtcdArgs, background: &Background) -> Result<Client>
                 None => "timed out after 15s".into(),
             })
         })??;
+    status::watch(&client, background, etcd.quota_bytes());
     if endpoints.len() > 1 {
         let mut probes = endpoints::Endpoints::new(endpoints, options);
         probes.first_round(&client).await;

@@ -1,14 +1,16 @@
 //! Logging and metrics: `tracing` to stderr, `metrics` exported for
 //! Prometheus. The metric names here are only those more than one service
-//! exports through this crate: the NATS connection's (every service) and
-//! the catalog watcher's (the limiter and the pacer). Each service names its
+//! exports through this crate: the NATS connection's (every service), the
+//! catalog watcher's (the limiter and the pacer) and etcd's status (every
+//! service that uses etcd). Each service names its
 //! own in its `telemetry` module, with their `# HELP` texts and the bucket
 //! bounds of its histograms.
 //!
 //! Names follow one rule: `adspend_<component>_<thing>_<unit>`, where the
 //! component is the service that exports it (`limiter`, `aggregator`,
 //! `pacer`), `catalog` for the catalog watcher the limiter and the pacer
-//! both run, or `nats` for the NATS connection every service makes; the
+//! both run, `nats` for the NATS connection every service makes, or `etcd`
+//! for etcd's state as every service that uses it reads it; the
 //! unit is `total` (counters), `seconds` or `bytes`; gauges of a count or a
 //! state carry no unit. The one exception is the limiter's
 //! `adspend_rejected_total`, whose name the external contract fixes.
@@ -27,6 +29,15 @@ pub(crate) const NATS_UNAUTHENTICATED: &str = "adspend_nats_unauthenticated";
 /// the server's config or a call the service should not make.
 pub(crate) const NATS_PERMISSION_VIOLATIONS_TOTAL: &str =
     "adspend_nats_permission_violations_total";
+/// etcd's database file, as the maintenance status reports it (every
+/// service that uses etcd, [`crate::etcd`]).
+pub(crate) const ETCD_DB_SIZE_BYTES: &str = "adspend_etcd_db_size_bytes";
+/// What of it is in use (compaction frees space, defragmentation returns it).
+pub(crate) const ETCD_DB_SIZE_IN_USE_BYTES: &str = "adspend_etcd_db_size_in_use_bytes";
+/// `ADSPEND_ETCD_QUOTA_BYTES`: etcd's quota, which its API does not report.
+pub(crate) const ETCD_QUOTA_BYTES: &str = "adspend_etcd_quota_bytes";
+/// 1 while etcd has a `NOSPACE` alarm raised (it refuses writes), else 0.
+pub(crate) const ETCD_NOSPACE_ALARM: &str = "adspend_etcd_nospace_alarm";
 pub(crate) const CATALOG_RELOADS_TOTAL: &str = "adspend_catalog_reloads_total";
 pub(crate) const CATALOG_ERRORS_TOTAL: &str = "adspend_catalog_errors_total";
 
@@ -43,6 +54,22 @@ pub(crate) const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         NATS_PERMISSION_VIOLATIONS_TOTAL,
         "Operations the NATS server refused this service for lack of permission, by kind (publish, subscribe).",
+    ),
+    (
+        ETCD_DB_SIZE_BYTES,
+        "Size of etcd's database file (maintenance status db_size).",
+    ),
+    (
+        ETCD_DB_SIZE_IN_USE_BYTES,
+        "Bytes of etcd's database in use (raft_used_db_size): the rest is freed by compaction, returned by defragmentation.",
+    ),
+    (
+        ETCD_QUOTA_BYTES,
+        "etcd's quota as ADSPEND_ETCD_QUOTA_BYTES says (default etcd's 2 GiB); past it etcd refuses writes.",
+    ),
+    (
+        ETCD_NOSPACE_ALARM,
+        "1 while etcd has a NOSPACE alarm raised (it refuses writes), else 0.",
     ),
     (CATALOG_RELOADS_TOTAL, "Catalog versions loaded."),
     (
@@ -190,7 +217,7 @@ mod tests {
             if name == "adspend_rejected_total" {
                 continue;
             }
-            let rest = ["limiter", "aggregator", "pacer", "catalog", "nats"]
+            let rest = ["limiter", "aggregator", "pacer", "catalog", "nats", "etcd"]
                 .iter()
                 .find_map(|c| name.strip_prefix(&format!("adspend_{c}_")));
             let thing = rest.unwrap_or_else(|| panic!("{ident} = {name}: no component"));

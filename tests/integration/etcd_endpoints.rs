@@ -128,8 +128,8 @@ async fn a_service_starts_while_one_endpoint_is_down() {
     assert!(alone.is_err(), "a dead endpoint alone connected");
 }
 
-/// The endpoint prober runs on the tracker it is given and ends with its
-/// token, as a service's shutdown waits for it; a client of its own
+/// The endpoint prober (and etcd's status reader) runs on the tracker it
+/// is given and ends with its token, as a service's shutdown waits for it; a client of its own
 /// (`Background::own`) takes its prober with it when dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_prober_runs_on_the_services_tracker_and_ends_with_it() {
@@ -141,7 +141,12 @@ async fn the_prober_runs_on_the_services_tracker_and_ends_with_it() {
     let _client = adspend_common::etcd::connect(&EtcdArgs::plain(endpoints), &background)
         .await
         .expect("connect");
-    assert_eq!(tasks.len(), 1, "the prober is on the tracker");
+    // The prober, and the reader of etcd's status (one per background).
+    assert_eq!(tasks.len(), 2, "the prober is on the tracker");
+    let _second = adspend_common::etcd::connect(&EtcdArgs::plain(etcd.endpoints()), &background)
+        .await
+        .expect("connect");
+    assert_eq!(tasks.len(), 2, "one status reader per background");
     stop.cancel();
     tasks.close();
     tokio::time::timeout(Duration::from_secs(5), tasks.wait())

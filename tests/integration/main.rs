@@ -16,6 +16,7 @@ mod deadletter;
 mod decisions;
 mod dedupe_window;
 mod etcd_endpoints;
+mod etcd_quota;
 mod etcd_tls;
 mod fair;
 mod fair_watch;
