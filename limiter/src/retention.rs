@@ -242,7 +242,9 @@ impl Retention {
         );
         self.export_deadletter().await;
         let cap = self.args.input_max_bytes;
-        if cap > 0 && info.config.max_bytes != cap as i64 {
+        // A cap deferred at the start (the stream held more) is set once
+        // the stream is under it; the start said so once.
+        if cap > 0 && info.config.max_bytes != cap as i64 && info.state.bytes <= cap {
             let limits = InputLimits::from_args(&self.args);
             self.stream = nats::ensure_impressions_with(&self.js, self.replicas, &limits).await?;
         }
