@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use adspend_harness::{free_port, wait_until, NatsOptions};
 
-use super::{messages, POLL};
+use super::{messages, state, POLL};
 use crate::support::{try_metric, Backends, Pipeline};
 
 const LIMIT: u64 = 4 * 1024 * 1024;
@@ -51,8 +51,21 @@ async fn an_account_store_limit_is_exported_and_its_fill_reaches_the_alert() {
     })
     .await
     .expect("the store's fill never reached the alert's threshold");
+    // What an event costs each stream (the footprint of docs/RETENTION.md):
+    // every event the limiter published spend for is in both.
+    let events = metric("adspend_limiter_impressions_total").await;
+    let tuples = metric("adspend_limiter_tuples_emitted_total").await;
+    let (_, _, input_bytes) = state(&p, "IMPRESSIONS").await;
+    let (_, _, spend_bytes) = state(&p, "SPEND").await;
+    let stored_events = (sent.stats.messages_acked * 50) as f64;
     println!(
-        "retention::store: {} messages stored, {} refused at a {LIMIT}-byte account limit",
-        sent.stats.messages_acked, sent.stats.messages_failed
+        "retention::store: {} messages stored, {} refused at a {LIMIT}-byte account limit; \
+         IMPRESSIONS {:.0} bytes/event (batches of 50), SPEND {:.0} bytes/event \
+         ({:.1} limits per event, {events} events published)",
+        sent.stats.messages_acked,
+        sent.stats.messages_failed,
+        input_bytes as f64 / stored_events,
+        spend_bytes as f64 / events.max(1.0),
+        tuples / events.max(1.0),
     );
 }
