@@ -16,14 +16,16 @@ use tokio::sync::{mpsc, watch};
 
 use crate::checkpoint::delta::Changes;
 pub use crate::config::DedupeLimits;
+use crate::dedupe::window::Window;
 use crate::dedupe::{self, IdSet, ShardOrder};
 use crate::disk;
 use crate::error::Error;
 use crate::fence::Validity;
 pub use crate::handoff::{CheckpointRequest, Dirty, Incoming};
-use crate::store::Store;
 #[cfg(test)] // named by the tests through `super::*`
-use {crate::store::parse_lifetime, adspend_wire::types::LIFETIME_BUCKET};
+use crate::store::parse_lifetime;
+use crate::store::{PeriodClock, Store};
+use adspend_wire::types::LIFETIME_BUCKET;
 
 use self::accumulate::Pass;
 
@@ -65,6 +67,8 @@ pub struct Writer {
     requests: u64,
     /// The ids of the dedupe window (see [`crate::dedupe`]).
     ids: IdSet,
+    /// What the window holds, for the pusher's report.
+    window: Arc<Window>,
     /// Packed ids first seen by the transaction in progress.
     new_ids: Vec<u8>,
     /// The ids of the group in progress, in stream order, and which of them
@@ -84,6 +88,11 @@ pub struct Writer {
     overflowed: Option<mpsc::UnboundedSender<Overflowed>>,
     /// Stream time of the next pass over lease sums ([`prune`]).
     next_lease_prune_ms: u64,
+    /// `ADSPEND_CLOSED_PERIOD_DAYS` ([`closed`]).
+    closed_days: u64,
+    /// The stream clock as of the last commit.
+    period_clock: PeriodClock,
+    late: closed::LateReport,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -96,6 +105,10 @@ pub struct GroupStats {
     pub(crate) overflowed: u64,
     /// Sums of spend leases deleted past their retention.
     pub(crate) leases_pruned: u64,
+    /// Tuples of closed periods, added to lifetime sums only.
+    pub(crate) late_tuples: u64,
+    /// Period sums deleted because their period closed.
+    pub(crate) closed_sums_dropped: u64,
 }
 
 impl Writer {
@@ -105,9 +118,9 @@ impl Writer {
         dirty: Arc<Dirty>,
         checkpoints: watch::Sender<CheckpointRequest>,
     ) -> Result<Self, Error> {
-        let last_applied_seq = {
+        let (last_applied_seq, period_clock) = {
             let txn = store.read_txn()?;
-            store.last_applied_seq(&txn)?
+            (store.last_applied_seq(&txn)?, store.period_clock(&txn)?)
         };
         let ids = dedupe::load(&store)?;
         Ok(Writer {
@@ -119,6 +132,7 @@ impl Writer {
             last_marker: 0,
             requests: 0,
             ids,
+            window: Arc::new(Window::new(dedupe)),
             new_ids: Vec::new(),
             group_ids: Vec::new(),
             shard_order: ShardOrder::default(),
@@ -127,7 +141,17 @@ impl Writer {
             changes: Arc::new(Mutex::new(Changes::at(last_applied_seq))),
             overflowed: None,
             next_lease_prune_ms: 0,
+            closed_days: closed::DEFAULT_CLOSED_PERIOD_DAYS,
+            period_clock,
+            late: closed::LateReport::default(),
         })
+    }
+
+    /// Drop the sums of periods closed for more than `days` (the default is
+    /// [`closed::DEFAULT_CLOSED_PERIOD_DAYS`]).
+    pub fn with_closed_period_days(mut self, days: u64) -> Self {
+        self.closed_days = days;
+        self
     }
 
     /// Label the writer's gauges with `shard` and, in cluster mode, refuse to
@@ -152,6 +176,16 @@ impl Writer {
     /// Message ids in the dedupe window.
     pub fn dedupe_ids(&self) -> usize {
         self.ids.len()
+    }
+
+    /// Bytes of the dedupe window's in-memory tables.
+    pub fn dedupe_table_bytes(&self) -> u64 {
+        self.ids.table_bytes()
+    }
+
+    /// What the dedupe window holds, as of the last commit.
+    pub(crate) fn window(&self) -> Arc<Window> {
+        self.window.clone()
     }
 
     /// Apply until the channel closes. Blocking: run on a dedicated thread.
@@ -259,19 +293,34 @@ impl Writer {
         };
         let store = self.store.clone();
         let mut wtxn = store.write_txn()?;
-        let mut pass = Pass::new(careful, self.last_applied_seq);
+        let clock = PeriodClock {
+            closed_below: closed::closed_below(self.period_clock.stream_clock_ms, self.closed_days),
+            ..self.period_clock
+        };
+        let mut pass = Pass::new(careful, self.last_applied_seq, clock);
         let fresh = skip_replayed(group, self.last_applied_seq, &mut pass.stats);
         self.dedupe(&fresh);
         self.accumulate(&wtxn, &fresh, &mut pass)?;
         let log_added = self.log_new_ids(&mut wtxn, &pass)?;
-        let changed = self.write_sums(&mut wtxn, &mut pass)?;
+        let mut changed = self.write_sums(&mut wtxn, &mut pass)?;
+        let (clock, dropped) = self.drop_closed(&mut wtxn, pass.stream_clock_ms)?;
+        pass.stats.closed_sums_dropped = dropped;
+        // Added earlier in the group, closed by its end: gone already.
+        changed.retain(|e| e.bucket == LIFETIME_BUCKET || e.bucket >= clock.closed_below);
         let evicted = if pass.clock_ms > 0 {
             pass.stats.leases_pruned = self.prune_leases(&mut wtxn, pass.clock_ms)?;
             self.evict(&mut wtxn, pass.clock_ms, &mut pass.stats)?
         } else {
             Vec::new()
         };
-        self.commit(wtxn, pass.applied_through, &changed, log_added, &evicted)?;
+        self.commit(
+            wtxn,
+            pass.applied_through,
+            &changed,
+            log_added,
+            &evicted,
+            clock,
+        )?;
         Ok(self.effects(last, pass, changed))
     }
 
@@ -314,6 +363,7 @@ fn skip_replayed<'g>(
 }
 
 mod accumulate;
+pub(crate) mod closed;
 mod commit;
 mod evict;
 mod prune;

@@ -14,6 +14,10 @@ use clap::Parser;
 /// has its row.
 pub(crate) const ACCEPT_LOSS: &str = "ADSPEND_AGGREGATOR_ACCEPT_LOSS";
 
+/// Environment variable of [`Config::closed_period_days`] (the aggregator's
+/// alone, like [`ACCEPT_LOSS`]).
+pub(crate) const CLOSED_PERIOD_DAYS: &str = "ADSPEND_CLOSED_PERIOD_DAYS";
+
 /// The dedupe window, bounded by stream time and by id count.
 #[derive(Clone, Copy, Debug)]
 pub struct DedupeLimits {
@@ -31,137 +35,12 @@ pub(crate) struct ShardSettings {
     pub(crate) max_deltas: usize,
     pub(crate) lmdb_map_size: usize,
     pub(crate) stream_replicas: usize,
+    /// Days after its end that a period's sums are kept ([`crate::apply::closed`]).
+    pub(crate) closed_period_days: u64,
     /// Whether shards trim their `SPEND` partitions (`ADSPEND_SPEND_TRIM`).
     pub(crate) spend_trim: bool,
     /// Shards the operator allowed to be rebuilt at a loss ([`crate::checkpoint::missing`]).
     pub(crate) accept_loss: AcceptLoss,
-}
-
-/// The shards an operator allowed to be rebuilt at a loss
-/// ([`Config::accept_loss`]): each one only at the checkpoint named.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct AcceptLoss(Vec<(String, u64)>);
-
-impl AcceptLoss {
-    /// `<shard>@<checkpoint id>`, comma-separated; empty: none.
-    pub(crate) fn parse(value: &str) -> Result<Self, String> {
-        let mut accepted = Vec::new();
-        for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            let (shard, id) = item
-                .split_once('@')
-                .ok_or_else(|| format!("{item:?}: expected <shard>@<checkpoint id>, e.g. p3@17"))?;
-            let valid_shard = !shard.is_empty()
-                && shard.len() <= 64
-                && shard
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-            if !valid_shard {
-                return Err(format!(
-                    "{item:?}: the shard is \"all\", \"p<partition>\" or a fixed list's \"p1-3\""
-                ));
-            }
-            let id: u64 = id
-                .parse()
-                .map_err(|e| format!("{item:?}: the checkpoint id: {e}"))?;
-            accepted.push((shard.to_string(), id));
-        }
-        Ok(AcceptLoss(accepted))
-    }
-
-    /// Whether the loss of `shard`'s checkpoint `checkpoint_id` is accepted.
-    pub(crate) fn covers(&self, shard: &str, checkpoint_id: u64) -> bool {
-        self.0
-            .iter()
-            .any(|(s, id)| s == shard && *id == checkpoint_id)
-    }
-}
-
-/// Which partitions this aggregator applies.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Ownership {
-    /// All partitions, as one shard.
-    All,
-    /// A fixed list, as one shard.
-    Fixed(Vec<u32>),
-    /// Assigned through etcd among the live aggregators, this one joining
-    /// as `member_id`; each partition is a shard of its own.
-    Cluster { member_id: String },
-}
-
-impl Ownership {
-    /// The shard name of a single-shard aggregator: the unit of ownership,
-    /// checkpoints and pushes.
-    pub(crate) fn shard(&self) -> String {
-        match self {
-            Ownership::Fixed(list) => format!(
-                "p{}",
-                list.iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join("-")
-            ),
-            Ownership::All | Ownership::Cluster { .. } => "all".to_string(),
-        }
-    }
-}
-
-/// Where snapshots go: `ADSPEND_OBJECT_STORE_URL` parsed. A setting only;
-/// the store is opened when the aggregator starts
-/// ([`SnapshotStore::open`](crate::snapshot_store::SnapshotStore::open)).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum SnapshotUrl {
-    /// `file:///dir`.
-    File { url: String, dir: PathBuf },
-    /// `s3://bucket/prefix` (credentials and endpoint from `AWS_*`).
-    S3 {
-        url: String,
-        bucket: String,
-        prefix: String,
-    },
-}
-
-impl SnapshotUrl {
-    pub(crate) fn parse(url: &str) -> Result<Self, Error> {
-        if let Some(path) = url.strip_prefix("file://") {
-            if path.is_empty() {
-                return Err(Self::bad(url, "no directory after file://"));
-            }
-            return Ok(SnapshotUrl::File {
-                url: url.to_string(),
-                dir: PathBuf::from(path),
-            });
-        }
-        if let Some(rest) = url.strip_prefix("s3://") {
-            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-            if bucket.is_empty() {
-                return Err(Self::bad(url, "no bucket after s3://"));
-            }
-            return Ok(SnapshotUrl::S3 {
-                url: url.to_string(),
-                bucket: bucket.to_string(),
-                prefix: prefix.trim_matches('/').to_string(),
-            });
-        }
-        Err(Self::bad(
-            url,
-            "expected file:///<dir> or s3://<bucket>/<prefix>",
-        ))
-    }
-
-    pub(crate) fn as_str(&self) -> &str {
-        match self {
-            SnapshotUrl::File { url, .. } | SnapshotUrl::S3 { url, .. } => url,
-        }
-    }
-
-    /// The setting's error for `url`, naming it.
-    pub(crate) fn bad(url: &str, reason: impl Into<String>) -> Error {
-        Error::Config {
-            name: env::OBJECT_STORE_URL,
-            value: url.to_string(),
-            reason: reason.into(),
-        }
-    }
 }
 
 /// The settings once validated: what [`Config`] holds, with every value
@@ -258,38 +137,16 @@ pub struct Config {
     /// docs/RECOVERY.md.
     #[arg(long, env = ACCEPT_LOSS)]
     pub(crate) accept_loss: Option<String>,
-}
-
-/// `ADSPEND_AGGREGATOR_WRITERS`: a count, or chosen at start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Writers {
-    /// What the data directory or the records hold, else one per core.
-    Auto,
-    /// Exactly this many (1..=1024); a data directory written otherwise is
-    /// refused.
-    Count(u32),
-}
-
-fn parse_writers(value: &str) -> Result<Writers, String> {
-    let value = value.trim();
-    if value == "auto" {
-        return Ok(Writers::Auto);
-    }
-    match value.parse::<u32>() {
-        Ok(n @ 1..=1024) => Ok(Writers::Count(n)),
-        _ => Err(format!(
-            "{value:?} is not \"auto\" or a number of writers from 1 to 1024"
-        )),
-    }
-}
-
-impl std::fmt::Display for Writers {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Writers::Auto => f.write_str("auto"),
-            Writers::Count(n) => write!(f, "{n}"),
-        }
-    }
+    /// Days after a period's end that its sums are kept. Past that, the
+    /// period's sums leave the store, snapshots and pushes; spend that
+    /// arrives later for it still counts toward the limit's lifetime sum,
+    /// and is counted in adspend_aggregator_closed_period_tuples_total.
+    /// Decided by the stream's clock (publish times of SPEND), so every
+    /// replica and every replay decides alike: set it the same on every
+    /// aggregator.
+    #[arg(long, env = CLOSED_PERIOD_DAYS, default_value_t = 35,
+          value_parser = clap::value_parser!(u64).range(1..=36_500))]
+    pub(crate) closed_period_days: u64,
 }
 
 impl Config {
@@ -374,6 +231,7 @@ impl Config {
             max_deltas: self.checkpoint_max_deltas as usize,
             lmdb_map_size: usize::try_from(self.lmdb_map_gib << 30).unwrap_or(usize::MAX),
             stream_replicas: self.streams.replicas(),
+            closed_period_days: self.closed_period_days,
             spend_trim: self.spend.spend_trim == adspend_common::config::SpendTrim::Checkpoint,
             // Checked by `validate`.
             accept_loss: self.parse_accept_loss().unwrap_or_default(),
@@ -432,90 +290,16 @@ impl Config {
     }
 }
 
+mod accept_loss;
+mod ownership;
+mod snapshot_url;
+mod writers;
+
+pub(crate) use accept_loss::AcceptLoss;
+pub(crate) use ownership::Ownership;
+pub(crate) use snapshot_url::SnapshotUrl;
+use writers::parse_writers;
+pub(crate) use writers::Writers;
+
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn validate(args: &[&str]) -> Result<Validated, Error> {
-        let dir = tempfile::tempdir().unwrap();
-        let store = format!("--object-store-url=file://{}", dir.path().display());
-        let mut all = vec!["aggregator", store.as_str()];
-        all.extend_from_slice(args);
-        Config::try_parse_from(all).unwrap().validate()
-    }
-
-    #[test]
-    fn ownership_is_parsed_once_into_the_validated_settings() {
-        let fixed = validate(&["--owned-partitions=3, 1,3"]).unwrap();
-        assert_eq!(fixed.ownership, Ownership::Fixed(vec![1, 3]));
-        assert_eq!(fixed.ownership.shard(), "p1-3");
-        assert_eq!(validate(&[]).unwrap().ownership.shard(), "all");
-        let cluster = validate(&[
-            "--owned-partitions=auto",
-            "--etcd-endpoints=127.0.0.1:2379",
-            "--aggregator-id=agg-1",
-        ])
-        .unwrap();
-        assert_eq!(
-            cluster.ownership,
-            Ownership::Cluster {
-                member_id: "agg-1".into()
-            }
-        );
-    }
-
-    #[test]
-    fn accepted_losses_name_a_shard_and_its_checkpoint() {
-        let accepted = validate(&["--accept-loss=p3@17, all@2"]).unwrap();
-        let accepted = accepted.config.shard_settings().accept_loss;
-        assert!(accepted.covers("p3", 17) && accepted.covers("all", 2));
-        assert!(!accepted.covers("p3", 18) && !accepted.covers("p4", 17));
-        assert_eq!(
-            validate(&[]).unwrap().config.shard_settings().accept_loss,
-            AcceptLoss::default()
-        );
-        for bad in ["p3", "p3@", "@17", "P3@17", "p3@x", "all@-1"] {
-            let error = validate(&[&format!("--accept-loss={bad}")]).unwrap_err();
-            assert_eq!(
-                error.exit_code(),
-                adspend_common::error::EXIT_BAD_SETTING,
-                "{bad}: {error}"
-            );
-            assert!(error.to_string().contains(ACCEPT_LOSS), "{error}");
-        }
-    }
-
-    #[test]
-    fn writers_are_auto_or_a_count() {
-        assert_eq!(parse_writers("auto"), Ok(Writers::Auto));
-        assert_eq!(parse_writers(" 2 "), Ok(Writers::Count(2)));
-        assert_eq!(parse_writers("1024"), Ok(Writers::Count(1024)));
-        for bad in ["0", "1025", "-1", "two", ""] {
-            let e = parse_writers(bad).unwrap_err();
-            assert!(e.contains("auto") && e.contains("1 to 1024"), "{bad}: {e}");
-        }
-        assert_eq!(Writers::Auto.to_string(), "auto");
-        assert_eq!(Writers::Count(3).to_string(), "3");
-    }
-
-    #[test]
-    fn bad_ownership_settings_are_config_errors() {
-        for args in [
-            &["--owned-partitions=16"][..],
-            &["--owned-partitions=x"],
-            &["--owned-partitions=auto"],
-            &[
-                "--owned-partitions=auto",
-                "--etcd-endpoints=127.0.0.1:2379",
-                "--aggregator-id=a/b",
-            ],
-        ] {
-            let error = validate(args).unwrap_err();
-            assert_eq!(
-                error.exit_code(),
-                adspend_common::error::EXIT_BAD_SETTING,
-                "{args:?}: {error}"
-            );
-        }
-    }
-}
+mod tests;

@@ -14,6 +14,8 @@ use std::time::Instant;
 use crate::error::Error;
 use crate::store::Store;
 
+pub(crate) mod window;
+
 /// Passes the low 64 bits of a `u128` id through as its hash.
 #[derive(Default)]
 pub(crate) struct IdHasher(u64);
@@ -143,6 +145,25 @@ impl IdSet {
 
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Bytes the set's tables take: per shard, from its capacity, the
+    /// buckets hashbrown allocates (a power of two, at most 7/8 full) of 16
+    /// bytes plus a control byte each, and one group of control bytes more.
+    /// A table never shrinks, so this is the size at the window's peak.
+    pub fn table_bytes(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|shard| {
+                let capacity = shard.capacity() as u64;
+                let buckets = match capacity {
+                    0 => return 0,
+                    1..=7 => capacity + 1,
+                    _ => capacity / 7 * 8,
+                };
+                buckets * 17 + 16
+            })
+            .sum()
     }
 
     /// Doubles, ahead of need, shards that are three quarters full, a few
@@ -372,6 +393,26 @@ mod tests {
         }
         // Past its part of the bound a shard is left alone.
         assert_eq!(set.grow_ahead(bound), 0);
+    }
+
+    /// A table is a power of two of buckets, at most 7/8 full: 17 bytes a
+    /// bucket puts an id between 17 × 8/7 and 17 × 16/7 bytes (plus the
+    /// control groups of small tables).
+    #[test]
+    fn table_bytes_per_id_lie_between_a_full_and_a_just_doubled_table() {
+        let mut set = IdSet::default();
+        assert_eq!(set.table_bytes(), 0);
+        for n in [1_000usize, 300_000, 1_000_000] {
+            for id in ids(n - set.len(), n as u128) {
+                set.insert(id);
+            }
+            let per_id = set.table_bytes() as f64 / set.len() as f64;
+            assert!(
+                (19.4..=39.0).contains(&per_id) || n < 10_000,
+                "{n}: {per_id}"
+            );
+            assert!(per_id > 17.0, "{n}: {per_id}");
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::apply::Dirty;
+use crate::dedupe::window::{self, Window};
 use crate::error::Error;
 use crate::store::{parse_lifetime, parse_sum_key, Store};
 use crate::telemetry::SUMS_PUSHES_TOTAL;
@@ -38,6 +39,9 @@ pub(crate) struct Pusher {
     push_seq: u64,
     last_push: Instant,
     progress: Option<ProgressReport>,
+    /// What the shard's dedupe window holds, reported every
+    /// [`window::REPORT_EVERY`].
+    window: Option<Arc<Window>>,
     /// The shard's watermark gauge, set every interval whether or not a
     /// push goes out, so that a stuck writer shows as a frozen value.
     watermark: metrics::Gauge,
@@ -72,7 +76,15 @@ impl Pusher {
             push_seq: 0,
             last_push: Instant::now(),
             progress: None,
+            window: None,
         }
+    }
+
+    /// Also report what the dedupe window holds on
+    /// `adspend.sums.window.<shard>` (the pacers' `GET /v1/shards`).
+    pub(crate) fn with_window(mut self, window: Arc<Window>) -> Self {
+        self.window = Some(window);
+        self
     }
 
     /// Also report how far the shard has applied (its `partitions`, `None`
@@ -97,6 +109,8 @@ impl Pusher {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut progress = tokio::time::interval(PROGRESS_EVERY.min(self.interval));
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut window = tokio::time::interval(window::REPORT_EVERY);
+        window.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // A pacer that started before us has no state from us yet.
         self.push_full().await;
         loop {
@@ -109,6 +123,7 @@ impl Pusher {
                     }
                     self.push_changes().await;
                 }
+                _ = window.tick(), if self.window.is_some() => self.report_window().await,
                 _ = progress.tick(), if self.progress.is_some() => {
                     let (seq, _) = self.dirty.position();
                     self.report_progress(seq).await;
@@ -161,6 +176,21 @@ impl Pusher {
             }
             Ok(Err(e)) => tracing::debug!(error = %e, "progress report failed"),
             Err(_) => tracing::debug!("progress report timed out"),
+        }
+    }
+
+    async fn report_window(&self) {
+        let Some(window) = &self.window else { return };
+        let report = window.report(&self.shard, adspend_common::now_ms());
+        // Core NATS, at most once: the next report replaces a lost one.
+        let publish = self.client.publish(
+            adspend_common::dedupe_window::subject(&self.shard),
+            report.encode().into(),
+        );
+        match tokio::time::timeout(PUBLISH_TIMEOUT, publish).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "dedupe window report failed"),
+            Err(_) => tracing::debug!("dedupe window report timed out"),
         }
     }
 

@@ -8,7 +8,8 @@
 //!   costs 16 bytes on disk plus its share of one key per transaction. The
 //!   writer keeps the ids of the window in memory for the lookups
 //!   ([`crate::dedupe`]) and rebuilds that set from this log when it opens.
-//! - `meta`: last applied sequence, lineage
+//! - `meta`: last applied sequence, lineage, the stream clock and the first
+//!   bucket still open ([`PeriodClock`], `crate::apply::closed`)
 //!
 //! Integer keys are big-endian so byte order is numeric order. Methods take
 //! the caller's transaction. All `unsafe` of the aggregator lives here.
@@ -33,6 +34,9 @@ const DB_FORMAT1_DEDUPE: &str = "dedupe_by_time";
 const DB_META: &str = "meta";
 const META_LAST_APPLIED_SEQ: &str = "last_applied_seq";
 const META_LINEAGE: &str = "lineage";
+/// The stream clock of closed periods ([`PeriodClock`]).
+const META_STREAM_CLOCK: &str = "stream_clock_ms";
+const META_CLOSED_BELOW: &str = "closed_below";
 
 /// [`Store::update_sorted`] walks the whole key range once the updates are
 /// more than one in this many keys.
@@ -47,7 +51,7 @@ pub const DEFAULT_MAP_SIZE: usize = 64 << 30;
 pub struct Store {
     pub env: Env<WithoutTls>,
     path: PathBuf,
-    pub(crate) sums: Database<'static, Bytes, Micros>,
+    pub sums: Database<'static, Bytes, Micros>,
     pub lifetime: Database<'static, Str, Bytes>,
     pub dedupe_log: Database<'static, Bytes, Bytes>,
     meta: Database<'static, Str, Bytes>,
@@ -70,7 +74,7 @@ pub(crate) fn sum_key(limit: &str, bucket: u32) -> Vec<u8> {
     key
 }
 
-pub(crate) fn parse_sum_key(key: &[u8]) -> Option<(&str, u32)> {
+pub fn parse_sum_key(key: &[u8]) -> Option<(&str, u32)> {
     let (&len, rest) = key.split_first()?;
     let len = len as usize;
     if rest.len() != len + 4 {
@@ -114,6 +118,17 @@ pub(crate) fn log_key_time(key: &[u8]) -> u64 {
     key.get(..8)
         .and_then(|b| b.try_into().ok())
         .map_or(0, u64::from_be_bytes)
+}
+
+/// Where a shard's stream clock stands: the latest JetStream publish time
+/// of the `SPEND` messages applied (a running maximum, so the same data
+/// gives the same clock however it is grouped or replayed), and the first
+/// period bucket not yet closed at that clock: the store holds no sum of an
+/// earlier bucket (`crate::apply::closed`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PeriodClock {
+    pub(crate) stream_clock_ms: u64,
+    pub(crate) closed_below: u32,
 }
 
 impl Store {
@@ -301,6 +316,72 @@ impl Store {
                 .map_err(self.err("put"))?;
         }
         Ok(())
+    }
+
+    /// The stored [`PeriodClock`]; zeros for a store written before it
+    /// existed (or that never applied anything).
+    pub(crate) fn period_clock(&self, txn: &RoTxn<'_>) -> Result<PeriodClock, Error> {
+        let mut clock = PeriodClock::default();
+        if let Some(bytes) = self
+            .meta
+            .get(txn, META_STREAM_CLOCK)
+            .map_err(self.err("get stream clock"))?
+        {
+            clock.stream_clock_ms = bytes
+                .try_into()
+                .map(u64::from_be_bytes)
+                .map_err(|_| self.corrupt(META_STREAM_CLOCK.to_string(), bytes))?;
+        }
+        if let Some(bytes) = self
+            .meta
+            .get(txn, META_CLOSED_BELOW)
+            .map_err(self.err("get closed_below"))?
+        {
+            clock.closed_below = bytes
+                .try_into()
+                .map(u32::from_be_bytes)
+                .map_err(|_| self.corrupt(META_CLOSED_BELOW.to_string(), bytes))?;
+        }
+        Ok(clock)
+    }
+
+    pub(crate) fn set_period_clock(
+        &self,
+        txn: &mut RwTxn<'_>,
+        clock: PeriodClock,
+    ) -> Result<(), Error> {
+        self.meta
+            .put(txn, META_STREAM_CLOCK, &clock.stream_clock_ms.to_be_bytes())
+            .map_err(self.err("put stream clock"))?;
+        self.meta
+            .put(txn, META_CLOSED_BELOW, &clock.closed_below.to_be_bytes())
+            .map_err(self.err("put closed_below"))
+    }
+
+    /// Delete every period sum of a bucket below `closed_below`; returns
+    /// how many. One pass over the sums (keys are limit first, so the
+    /// closed buckets are not one range): at most once per day of stream
+    /// time, when a day closes.
+    pub(crate) fn delete_sums_below(
+        &self,
+        txn: &mut RwTxn<'_>,
+        closed_below: u32,
+    ) -> Result<u64, Error> {
+        let mut deleted = 0;
+        let mut walk = self.sums.iter_mut(txn).map_err(self.err("walk sums"))?;
+        while let Some(entry) = walk.next() {
+            let (key, _) = entry.map_err(self.err("walk sums"))?;
+            let closed = parse_sum_key(key).is_some_and(|(_, bucket)| bucket < closed_below);
+            if closed {
+                // SAFETY: heed requires that no key or value read through
+                // this cursor is used after the deletion; `key` is dead
+                // here and the next read comes from `walk.next()`.
+                #[allow(unsafe_code)]
+                unsafe { walk.del_current() }.map_err(self.err("delete closed sum"))?;
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
     }
 
     /// (lineage, last applied sequence) in one read.

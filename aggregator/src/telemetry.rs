@@ -20,7 +20,23 @@ pub(crate) const SNAPSHOT_BYTES: &str = "adspend_aggregator_snapshot_bytes";
 pub(crate) const CHECKPOINT_UPLOADED_BYTES_TOTAL: &str =
     "adspend_aggregator_checkpoint_uploaded_bytes_total";
 pub(crate) const DEDUPE_IDS: &str = "adspend_aggregator_dedupe_ids";
+/// The effective window: stream time between the oldest id the shard still
+/// holds and the newest message applied. Label `shard`.
 pub(crate) const DEDUPE_WINDOW_SECONDS: &str = "adspend_aggregator_dedupe_window_seconds";
+/// `ADSPEND_DEDUPE_WINDOW_MS` in seconds, next to it for the alert. Label `shard`.
+pub(crate) const DEDUPE_WINDOW_TARGET_SECONDS: &str =
+    "adspend_aggregator_dedupe_window_target_seconds";
+/// Bytes of the dedupe set's in-memory tables. Label `shard`.
+pub(crate) const DEDUPE_MEMORY_BYTES: &str = "adspend_aggregator_dedupe_memory_bytes";
+/// Ids evicted from the window, `by="time"` (older than the window) or
+/// `by="count"` (the count bound, before their time: the window is cut).
+/// Label `shard`.
+pub(crate) const DEDUPE_EVICTED_TOTAL: &str = "adspend_aggregator_dedupe_evicted_total";
+/// Spend tuples of closed periods (`ADSPEND_CLOSED_PERIOD_DAYS`): added to
+/// their limits' lifetime sums only. Label `shard`.
+pub(crate) const CLOSED_PERIOD_TUPLES_TOTAL: &str = "adspend_aggregator_closed_period_tuples_total";
+/// Their micros. Label `shard`.
+pub(crate) const CLOSED_PERIOD_MICROS_TOTAL: &str = "adspend_aggregator_closed_period_micros_total";
 pub(crate) const SUMS_PUSHES_TOTAL: &str = "adspend_aggregator_sums_pushes_total";
 pub(crate) const STREAM_INTEGRITY_ERRORS_TOTAL: &str =
     "adspend_aggregator_stream_integrity_errors_total";
@@ -145,7 +161,27 @@ pub(crate) const DESCRIPTIONS: &[(&str, &str)] = &[
     (DEDUPE_IDS, "Message ids in the shard's dedupe window."),
     (
         DEDUPE_WINDOW_SECONDS,
-        "Stream time the shard's dedupe window covers now.",
+        "Stream time the shard's dedupe window covers now: from the oldest id it holds to the newest message.",
+    ),
+    (
+        DEDUPE_WINDOW_TARGET_SECONDS,
+        "The dedupe window configured (ADSPEND_DEDUPE_WINDOW_MS), in seconds.",
+    ),
+    (
+        DEDUPE_MEMORY_BYTES,
+        "Bytes of the shard's in-memory dedupe set.",
+    ),
+    (
+        DEDUPE_EVICTED_TOTAL,
+        "Ids evicted from the dedupe window, by=time (past the window) or by=count (ADSPEND_DEDUPE_MAX_IDS, before their time).",
+    ),
+    (
+        CLOSED_PERIOD_TUPLES_TOTAL,
+        "Spend tuples of periods closed for longer than ADSPEND_CLOSED_PERIOD_DAYS: added to lifetime sums only.",
+    ),
+    (
+        CLOSED_PERIOD_MICROS_TOTAL,
+        "Micros of the spend tuples of closed periods (lifetime sums only).",
     ),
     (
         SUMS_PUSHES_TOTAL,

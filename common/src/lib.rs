@@ -14,6 +14,7 @@
 
 pub mod catalog_source;
 pub mod config;
+pub mod dedupe_window;
 pub mod env;
 pub mod error;
 pub mod etcd;

@@ -6,9 +6,9 @@ use adspend_wire::types::{SpendBatch, SpendMessage, SpendTuple, LIFETIME_BUCKET}
 use heed::RwTxn;
 use rustc_hash::FxHashMap;
 
-use super::{checked, GroupStats, Incoming, Overflowed, Writer};
+use super::{checked, closed, GroupStats, Incoming, Overflowed, Writer};
 use crate::error::Error;
-use crate::store::{parse_lifetime, Store};
+use crate::store::{parse_lifetime, PeriodClock, Store};
 
 /// One group's work in progress, from the skip of replayed messages to the
 /// effects after its commit. The `&'g str`s are limit ids borrowed from the
@@ -25,6 +25,16 @@ pub(super) struct Pass<'g> {
     /// The latest publish time (ms) of the group's fresh messages: the
     /// stream clock of the dedupe window.
     pub(super) clock_ms: u64,
+    /// The stream clock of closed periods ([`super::closed`]): the running
+    /// maximum of publish times, through the message in progress.
+    pub(super) stream_clock_ms: u64,
+    /// The first bucket still open at `stream_clock_ms`.
+    closed_below: u32,
+    /// Tuples of closed buckets (added to lifetime sums only), their
+    /// micros, and the oldest such bucket.
+    pub(super) late_tuples: u64,
+    pub(super) late_micros: u64,
+    pub(super) late_oldest: u32,
     /// The earliest `source_ms` of the group's batches.
     pub(super) source_ms: Option<i64>,
     /// Sequences of markers that ask for a checkpoint.
@@ -75,6 +85,10 @@ impl Writer {
             pass.first_applied.get_or_insert(incoming.seq);
             let stream_ms = u64::try_from(incoming.stream_ms).unwrap_or(0);
             pass.clock_ms = pass.clock_ms.max(stream_ms);
+            if stream_ms > pass.stream_clock_ms {
+                pass.stream_clock_ms = stream_ms;
+                pass.closed_below = closed::closed_below(stream_ms, self.closed_days);
+            }
             match &incoming.message {
                 SpendMessage::Batch(batch) => pass.add_batch(
                     &self.store,
@@ -98,13 +112,20 @@ impl Writer {
 }
 
 impl<'g> Pass<'g> {
-    pub(super) fn new(careful: bool, last_applied_seq: u64) -> Self {
+    /// A pass over a store at `last_applied_seq` whose stream clock stands
+    /// at `clock` (its `closed_below` as the setting gives it now).
+    pub(super) fn new(careful: bool, last_applied_seq: u64, clock: PeriodClock) -> Self {
         Pass {
             careful,
             stats: GroupStats::default(),
             applied_through: last_applied_seq,
             first_applied: None,
             clock_ms: 0,
+            stream_clock_ms: clock.stream_clock_ms,
+            closed_below: clock.closed_below,
+            late_tuples: 0,
+            late_micros: 0,
+            late_oldest: u32::MAX,
             source_ms: None,
             markers: Vec::new(),
             lifetime_deltas: FxHashMap::default(),
@@ -191,7 +212,12 @@ impl<'g> Pass<'g> {
         let sum = &mut self.local[tuple.limit as usize];
         sum.micros = checked(sum.micros, tuple.cost_micros, limit, LIFETIME_BUCKET)?;
         sum.tuples += 1;
-        if tuple.bucket != LIFETIME_BUCKET {
+        if tuple.bucket != LIFETIME_BUCKET && tuple.bucket < self.closed_below {
+            // A closed period: lifetime only ([`super::closed`]).
+            self.late_tuples += 1;
+            self.late_micros = self.late_micros.saturating_add(tuple.cost_micros);
+            self.late_oldest = self.late_oldest.min(tuple.bucket);
+        } else if tuple.bucket != LIFETIME_BUCKET {
             if sum.bucket == tuple.bucket || sum.bucket == LIFETIME_BUCKET {
                 sum.bucket = tuple.bucket;
                 sum.bucket_micros =

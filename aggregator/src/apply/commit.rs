@@ -9,6 +9,7 @@ use heed::RwTxn;
 use super::accumulate::Pass;
 use super::{GroupStats, Incoming, Writer};
 use crate::error::Error;
+use crate::store::PeriodClock;
 use crate::telemetry::{
     APPLY_COMMITS_TOTAL, DUPLICATES_DROPPED_TOTAL, LAST_APPLIED_SEQ, SPEND_SET_ASIDE_TOTAL,
     TUPLES_APPLIED_TOTAL,
@@ -25,6 +26,7 @@ impl Writer {
         changed: &[SumEntry],
         log_added: Option<[u8; 16]>,
         evicted: &[[u8; 16]],
+        clock: PeriodClock,
     ) -> Result<(), Error> {
         let store = &self.store;
         store.set_last_applied_seq(&mut wtxn, applied_through)?;
@@ -51,9 +53,11 @@ impl Writer {
                 evicted,
                 applied_through,
             );
+            changes.clock(clock);
         }
         failpoint::hit("aggregator.after_commit");
         self.last_applied_seq = applied_through;
+        self.period_clock = clock;
         Ok(())
     }
 
@@ -72,8 +76,15 @@ impl Writer {
             source_ms,
             markers,
             overflowed,
+            late_tuples,
+            late_micros,
+            late_oldest,
             ..
         } = pass;
+        stats.late_tuples = late_tuples;
+        let open = self.period_clock.closed_below;
+        self.late
+            .add(&self.shard, late_tuples, late_micros, late_oldest, open);
         metrics::counter!(APPLY_COMMITS_TOTAL).increment(1);
         metrics::counter!(TUPLES_APPLIED_TOTAL).increment(stats.applied);
         metrics::counter!(DUPLICATES_DROPPED_TOTAL, "by" => "id").increment(stats.duplicates_by_id);

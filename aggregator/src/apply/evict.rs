@@ -7,7 +7,10 @@ use super::{GroupStats, Writer, MAX_EVICT_PER_TXN};
 use crate::dedupe;
 use crate::error::Error;
 use crate::store::log_key_time;
-use crate::telemetry::{DEDUPE_IDS, DEDUPE_WINDOW_SECONDS};
+use crate::telemetry::{
+    DEDUPE_EVICTED_TOTAL, DEDUPE_IDS, DEDUPE_MEMORY_BYTES, DEDUPE_WINDOW_SECONDS,
+    DEDUPE_WINDOW_TARGET_SECONDS,
+};
 
 impl Writer {
     /// Drop the log entries older than the window (in stream time) or beyond
@@ -23,6 +26,7 @@ impl Writer {
         let store = self.store.clone();
         let cutoff = clock_ms.saturating_sub(self.dedupe.window_ms);
         let mut evicted = 0u64;
+        let mut by_count = 0u64;
         let mut doomed: Vec<[u8; 16]> = Vec::new();
         let mut oldest_kept: Option<u64> = None;
         for entry in store
@@ -37,7 +41,11 @@ impl Writer {
                 for id in dedupe::packed_ids(ids) {
                     self.ids.remove(&id);
                 }
-                evicted += (ids.len() / 16) as u64;
+                let count = (ids.len() / 16) as u64;
+                evicted += count;
+                if time >= cutoff {
+                    by_count += count;
+                }
                 doomed.push(key.try_into().expect("16-byte key"));
             } else {
                 oldest_kept = Some(time);
@@ -50,12 +58,32 @@ impl Writer {
                 .delete(wtxn, key.as_slice())
                 .map_err(store.err("evict dedupe log"))?;
         }
-        metrics::gauge!(DEDUPE_IDS, "shard" => self.shard.clone()).set(self.ids.len() as f64);
-        if let Some(oldest) = oldest_kept {
-            metrics::gauge!(DEDUPE_WINDOW_SECONDS, "shard" => self.shard.clone())
-                .set(clock_ms.saturating_sub(oldest) as f64 / 1000.0);
-        }
+        self.window_gauges(clock_ms, oldest_kept, evicted, by_count);
         stats.evicted = evicted;
         Ok(doomed)
+    }
+
+    /// The window's gauges and counters, and its report for the pusher.
+    fn window_gauges(&self, clock_ms: u64, oldest: Option<u64>, evicted: u64, by_count: u64) {
+        let shard = || self.shard.clone();
+        let effective_ms = oldest.map(|oldest| clock_ms.saturating_sub(oldest));
+        let table_bytes = self.ids.table_bytes();
+        metrics::gauge!(DEDUPE_IDS, "shard" => shard()).set(self.ids.len() as f64);
+        if let Some(ms) = effective_ms {
+            metrics::gauge!(DEDUPE_WINDOW_SECONDS, "shard" => shard()).set(ms as f64 / 1000.0);
+        }
+        metrics::gauge!(DEDUPE_WINDOW_TARGET_SECONDS, "shard" => shard())
+            .set(self.dedupe.window_ms as f64 / 1000.0);
+        metrics::gauge!(DEDUPE_MEMORY_BYTES, "shard" => shard()).set(table_bytes as f64);
+        if evicted > by_count {
+            metrics::counter!(DEDUPE_EVICTED_TOTAL, "shard" => shard(), "by" => "time")
+                .increment(evicted - by_count);
+        }
+        if by_count > 0 {
+            metrics::counter!(DEDUPE_EVICTED_TOTAL, "shard" => shard(), "by" => "count")
+                .increment(by_count);
+        }
+        self.window
+            .set(effective_ms, self.ids.len() as u64, table_bytes, by_count);
     }
 }

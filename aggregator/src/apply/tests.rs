@@ -116,6 +116,8 @@ fn sums_dedupes_by_id_and_skips_replays_by_seq() {
             evicted: 0,
             overflowed: 0,
             leases_pruned: 0,
+            late_tuples: 0,
+            closed_sums_dropped: 0,
         }
     );
     let (lifetime, buckets) = sums(&w.store);
@@ -367,3 +369,5 @@ fn lease_sums_go_an_hour_past_their_lease_and_limits_stay() {
         "the second lease is due and a pass is too"
     );
 }
+
+mod closed;

@@ -18,8 +18,8 @@
 //! the record from the store itself ([`Changes::since`]): the first
 //! checkpoint of that life is then a delta too, not a full copy.
 //!
-//! Format 2, all integers big-endian (format 1 is the same without the last
-//! line, and is still read):
+//! Format 3, all integers big-endian (format 2 is the same without the last
+//! line, format 1 without the last two; both are still read):
 //!
 //! ```text
 //! "ADSPDLTA" u32 version
@@ -30,6 +30,9 @@
 //! u64 log entries added, each: [16] key, u32 ids, ids × [16]
 //! u64 log entries evicted, each: [16] key
 //! u8 has_evicted_below, [[16] key]: every log entry below the key is evicted
+//! u8 has_clock, [u64 stream clock ms, u32 closed below]: the stream clock
+//!    at to_seq, and every period sum of a bucket below is deleted (closed
+//!    periods, `crate::apply::closed`)
 //! ```
 
 use std::io::Write;
@@ -39,11 +42,11 @@ use bytes::Bytes;
 use rustc_hash::FxHashMap;
 
 use crate::error::Error;
-use crate::store::{parse_lifetime, parse_sum_key, Store};
+use crate::store::{parse_lifetime, parse_sum_key, PeriodClock, Store};
 
 const MAGIC: &[u8; 8] = b"ADSPDLTA";
 /// The format written; [`Delta::decode`] reads this one and every earlier.
-pub(crate) const FORMAT_VERSION: u32 = 2;
+pub(crate) const FORMAT_VERSION: u32 = 3;
 
 /// The changes of one limit: its lifetime sum and period buckets, as stored.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -80,6 +83,9 @@ pub struct Changes {
     /// record, but knows they are the ones below the oldest entry left
     /// (eviction takes whole entries, oldest key first).
     log_evicted_below: Option<[u8; 16]>,
+    /// The stream clock of the newest commit absorbed; no sum below its
+    /// `closed_below` is kept (here or, once applied, in the store).
+    clock: Option<PeriodClock>,
 }
 
 impl Changes {
@@ -122,6 +128,21 @@ impl Changes {
             self.log_evicted.push(*key);
         }
         self.to_seq = self.to_seq.max(seq);
+    }
+
+    /// The stream clock after the commit just absorbed: the buckets it
+    /// closed leave the changes (the delta deletes them from the store).
+    pub(crate) fn clock(&mut self, clock: PeriodClock) {
+        self.clock = Some(clock);
+        self.forget_closed();
+    }
+
+    fn forget_closed(&mut self) {
+        if let Some(clock) = self.clock {
+            for change in self.limits.values_mut() {
+                change.buckets.retain(|(b, _)| *b >= clock.closed_below);
+            }
+        }
     }
 
     /// What a warm store holds that the recorded checkpoint at `record_seq`
@@ -187,6 +208,7 @@ impl Changes {
         }
         // An empty log: everything the record held was evicted.
         changes.log_evicted_below = Some(oldest.unwrap_or([0xff; 16]));
+        changes.clock = Some(store.period_clock(&txn)?);
         Ok(changes)
     }
 
@@ -223,6 +245,10 @@ impl Changes {
         }
         self.from_seq = self.from_seq.min(older.from_seq);
         self.to_seq = self.to_seq.max(older.to_seq);
+        if self.clock.is_none() {
+            self.clock = older.clock;
+        }
+        self.forget_closed();
     }
 
     /// Take what accumulated; accumulation starts again from `to_seq`.
@@ -244,7 +270,7 @@ impl Changes {
         self.log_added.values().map(|ids| ids.len() / 16).sum()
     }
 
-    /// Encode as format 2, in key order, into `out`.
+    /// Encode as format 3, in key order, into `out`.
     #[cfg(test)]
     pub(crate) fn encode(&self, lineage: &str, out: &mut impl Write) -> std::io::Result<()> {
         for piece in self.encode_pieces(lineage)? {
@@ -253,7 +279,7 @@ impl Changes {
         Ok(())
     }
 
-    /// Format 2, in key order, as consecutive pieces: the dedupe ids are
+    /// Format 3, in key order, as consecutive pieces: the dedupe ids are
     /// the bytes [`Changes::absorb`] kept, not copies, so a delta costs no
     /// second buffer of its size (a first touch of fresh memory, which on
     /// this kind of machine cost more than the copy itself).
@@ -310,6 +336,14 @@ impl Changes {
             }
             None => out.write_all(&[0])?,
         }
+        match &self.clock {
+            Some(clock) => {
+                out.write_all(&[1])?;
+                out.write_all(&clock.stream_clock_ms.to_be_bytes())?;
+                out.write_all(&clock.closed_below.to_be_bytes())?;
+            }
+            None => out.write_all(&[0])?,
+        }
         pieces.push(Bytes::from(out));
         Ok(pieces)
     }
@@ -321,7 +355,7 @@ impl Changes {
             .iter()
             .map(|(limit, change)| 1 + limit.len() + 17 + 4 + 12 * change.buckets.len())
             .sum();
-        64 + limits + 20
+        64 + limits + 33
     }
 }
 

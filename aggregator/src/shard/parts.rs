@@ -70,8 +70,10 @@ pub(super) async fn start(opened: Opened, stop: &Stop) -> Result<Running, Error>
         dirty.clone(),
         checkpoint_tx,
     )?
+    .with_closed_period_days(opened.settings.closed_period_days)
     .for_shard(&opened.shard, opened.lease.clone());
     let changes = writer.changes();
+    let window = writer.window();
     // The next checkpoint extends the recorded chain when the store is of
     // its lineage: at the record (a cold restore) the writer's changes start
     // there; past it (a warm start) they start with what the store holds
@@ -130,7 +132,8 @@ pub(super) async fn start(opened: Opened, stop: &Stop) -> Result<Running, Error>
         opened.epoch,
         opened.settings.push_interval,
     )
-    .with_progress(opened.partitions);
+    .with_progress(opened.partitions)
+    .with_window(window);
     let push_stop = tail.child_token();
     let pusher = spawn_failing(&tasks, &failure, pusher.run(push_stop.clone()));
     tasks.close();

@@ -241,6 +241,34 @@ struct ShardView {
     updated_ms: i64,
     /// No push (not even a heartbeat), or `lag_ms`, past the stale threshold.
     stale: bool,
+    /// The shard's dedupe window as last reported; `None` before a report.
+    dedupe_window: Option<DedupeWindowView>,
+}
+
+/// What a shard's dedupe window holds (`pacer/openapi.json`, `DedupeWindow`).
+#[derive(Serialize)]
+struct DedupeWindowView {
+    effective_ms: Option<u64>,
+    configured_ms: u64,
+    ids: u64,
+    max_ids: u64,
+    memory_bytes: u64,
+    cut_by_count: bool,
+    reported_ms: i64,
+}
+
+impl From<&adspend_common::dedupe_window::Report> for DedupeWindowView {
+    fn from(report: &adspend_common::dedupe_window::Report) -> Self {
+        DedupeWindowView {
+            effective_ms: report.effective_ms,
+            configured_ms: report.configured_ms,
+            ids: report.ids,
+            max_ids: report.max_ids,
+            memory_bytes: report.memory_bytes,
+            cut_by_count: report.cut_by_count(),
+            reported_ms: report.at_ms,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -265,6 +293,7 @@ async fn list_shards(State(app): State<AppState>) -> Response {
             updated_ms: s.updated_ms,
             stale: spend.shard_stale(s, now_ms)
                 || spend.shard_staleness_ms(s, now_ms) > spend.stale_after_ms,
+            dedupe_window: spend.dedupe_windows.get(&**name).map(Into::into),
         })
         .collect();
     shards.sort_by(|a, b| a.shard.cmp(&b.shard));

@@ -91,6 +91,39 @@ mod tests {
         assert!(doc["info"]["title"].is_string() && doc["info"]["version"].is_string());
     }
 
+    /// A client generated from the document groups its calls by tag: every
+    /// operation has exactly one, and every tag is declared with a
+    /// description.
+    #[test]
+    fn every_operation_has_one_declared_tag() {
+        let doc = document();
+        let declared: BTreeSet<&str> = doc["tags"]
+            .as_array()
+            .expect("top-level tags")
+            .iter()
+            .map(|t| {
+                assert!(t["description"].is_string(), "tag without description: {t}");
+                t["name"].as_str().expect("a tag has a name")
+            })
+            .collect();
+        let mut used = BTreeSet::new();
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for (method, op) in item.as_object().expect("a path item") {
+                let tags = op["tags"]
+                    .as_array()
+                    .unwrap_or_else(|| panic!("{method} {path}: no tags"));
+                assert_eq!(tags.len(), 1, "{method} {path}: {tags:?}");
+                let tag = tags[0].as_str().expect("a tag is a string");
+                assert!(
+                    declared.contains(tag),
+                    "{method} {path}: undeclared tag {tag}"
+                );
+                used.insert(tag);
+            }
+        }
+        assert_eq!(used, declared, "a declared tag that no operation uses");
+    }
+
     #[test]
     fn document_and_router_have_the_same_routes() {
         let doc = document();

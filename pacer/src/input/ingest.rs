@@ -26,6 +26,24 @@ const RESYNC_MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// started after our first request).
 const SILENCE: Duration = Duration::from_secs(3);
 
+/// `adspend.sums.window.`: the dedupe window reports share the sums'
+/// subjects ([`adspend_common::dedupe_window`]).
+static WINDOW_PREFIX: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("{}.", adspend_common::dedupe_window::SUBJECT_PREFIX));
+
+/// Keep a shard's dedupe window report for `GET /v1/shards`.
+async fn take_window_report(state: &RwLock<SpendState>, message: &async_nats::Message) {
+    match adspend_common::dedupe_window::Report::decode(&message.payload) {
+        Ok(report) => {
+            let mut state = state.write().await;
+            state.dedupe_windows.insert(report.shard.clone(), report);
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, subject = %message.subject, "undecodable dedupe window report dropped")
+        }
+    }
+}
+
 pub(crate) async fn subscribe(
     client: &async_nats::Client,
 ) -> Result<async_nats::Subscriber, Error> {
@@ -59,6 +77,10 @@ pub(crate) async fn run(
             }
             message = pushes.next() => {
                 let Some(message) = message else { return };
+                if message.subject.starts_with(WINDOW_PREFIX.as_str()) {
+                    take_window_report(&state, &message).await;
+                    continue;
+                }
                 let mut update = match decode_push(&message.payload) {
                     Ok(u) => u,
                     Err(e) => {

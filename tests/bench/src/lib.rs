@@ -13,6 +13,7 @@ pub mod peers;
 pub mod recovery;
 pub mod report;
 pub mod scale;
+pub mod soak;
 pub mod stages;
 pub mod state;
 pub mod workload;

@@ -183,6 +183,13 @@ pub fn dedupe_bytes_per_id(store: &Store, ids: usize) -> anyhow::Result<f64> {
     Ok(stat.non_free_page_size() as f64 / ids.max(1) as f64)
 }
 
+/// This process's resident set, bytes (`/proc/self/statm`, 4 KiB pages).
+pub fn rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
 pub struct CheckpointRun {
     pub secs: f64,
     pub bytes: u64,

@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use super::{Changes, LimitChange, FORMAT_VERSION, MAGIC};
 use crate::error::Error;
-use crate::store::{lifetime_value, sum_key, Store};
+use crate::store::{lifetime_value, sum_key, PeriodClock, Store};
 
 /// A decoded delta object.
 #[derive(Debug, PartialEq, Eq)]
@@ -72,7 +72,7 @@ impl<'a> Reader<'a> {
 }
 
 impl Delta {
-    /// Decode format 1 or 2; any other content is an error saying where it
+    /// Decode format 1, 2 or 3; any other content is an error saying where it
     /// broke.
     pub(crate) fn decode(bytes: &[u8]) -> Result<Delta, String> {
         let mut r = Reader { bytes };
@@ -145,6 +145,18 @@ impl Delta {
                 other => return Err(format!("evicted-below flag {other}")),
             }
         }
+        if version >= 3 {
+            match r.u8("clock flag")? {
+                0 => {}
+                1 => {
+                    changes.clock = Some(PeriodClock {
+                        stream_clock_ms: r.u64("stream clock")?,
+                        closed_below: r.u32("closed below")?,
+                    })
+                }
+                other => return Err(format!("clock flag {other}")),
+            }
+        }
         if !r.bytes.is_empty() {
             return Err(format!("{} bytes after the end", r.bytes.len()));
         }
@@ -187,6 +199,13 @@ impl Delta {
                 .dedupe_log
                 .delete(&mut wtxn, key.as_slice())
                 .map_err(store.err("evict dedupe log"))?;
+        }
+        // After the sums: a bucket the delta carries may have closed since
+        // (the writer's own changes leave such buckets out, but a base may
+        // still hold them).
+        if let Some(clock) = self.changes.clock {
+            store.delete_sums_below(&mut wtxn, clock.closed_below)?;
+            store.set_period_clock(&mut wtxn, clock)?;
         }
         store.set_last_applied_seq(&mut wtxn, self.changes.to_seq)?;
         wtxn.commit().map_err(store.err("commit"))

@@ -222,13 +222,88 @@ fn changes_since_a_record_rebuild_the_store_exactly() {
     );
 }
 
-/// Format 1 (before the evicted-below key) is still read.
+/// Closed periods inside a chain: the stream clock crosses days while the
+/// deltas are taken, so buckets the base holds (and buckets some delta
+/// carried) close; base + deltas still equals the live store, its stream
+/// clock included, and neither holds a closed bucket.
 #[test]
-fn format_1_is_still_read() {
+fn closed_periods_leave_base_plus_deltas_exactly() {
+    const DAY_MS: i64 = 86_400_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (writer, store) = writer(&dir.path().join("live"));
+    let mut writer = writer.with_closed_period_days(1);
+    let changes = writer.changes();
+    let mut rng = Rng(0xc105ed);
+    let mut seq = 0u64;
+    // Buckets 20_000 and 20_001 close (one day after their end, taken as
+    // two days after their date) at days 20_003 and 20_004.
+    let mut day = |writer: &mut Writer, seq: &mut u64, day: i64, groups: usize| {
+        for _ in 0..groups {
+            let group: Vec<Incoming> = (0..3)
+                .map(|_| {
+                    *seq += 1;
+                    message(&mut rng, *seq, day * DAY_MS + 1_000 * *seq as i64, 30)
+                })
+                .collect();
+            writer.apply_group(&group).unwrap();
+        }
+    };
+    day(&mut writer, &mut seq, 20_001, 3);
+    changes.lock().unwrap().take();
+    let restored_dir = dir.path().join("restored");
+    std::fs::create_dir_all(&restored_dir).unwrap();
+    store
+        .env
+        .copy_to_path(restored_dir.join("data.mdb"), CompactionOption::Enabled)
+        .unwrap();
+    let restored = Store::open(&restored_dir, 1 << 28).unwrap();
+    let buckets = |store: &Store| -> Vec<u32> {
+        let txn = store.read_txn().unwrap();
+        let mut buckets: Vec<u32> = store
+            .sums
+            .iter(&txn)
+            .unwrap()
+            .map(|e| crate::store::parse_sum_key(e.unwrap().0).unwrap().1)
+            .collect();
+        buckets.sort_unstable();
+        buckets.dedup();
+        buckets
+    };
+    assert_eq!(buckets(&restored), vec![20_000, 20_001]);
+    for (link, d) in [20_002, 20_003, 20_003, 20_004, 20_005]
+        .into_iter()
+        .enumerate()
+    {
+        day(&mut writer, &mut seq, d, 2);
+        let taken = changes.lock().unwrap().take();
+        let mut bytes = Vec::new();
+        taken.encode("lineage-a", &mut bytes).unwrap();
+        let delta = Delta::decode(&bytes).unwrap();
+        assert_eq!(delta.changes, taken, "link {link}: round trip");
+        delta.apply(&restored).unwrap();
+        assert_eq!(dump(&restored), dump(&store), "after link {link}");
+        let clock = |s: &Store| s.period_clock(&s.read_txn().unwrap()).unwrap();
+        assert_eq!(clock(&restored), clock(&store), "after link {link}");
+        let open = clock(&store).closed_below;
+        assert!(buckets(&store).iter().all(|b| *b >= open), "link {link}");
+    }
+    assert!(buckets(&store).is_empty(), "both buckets closed");
+    let lifetime = dump(&store).0[1].len();
+    assert_eq!(lifetime, 40, "every limit's lifetime sum stays");
+}
+
+/// Formats 1 (before the evicted-below key) and 2 (before the stream
+/// clock) are still read.
+#[test]
+fn formats_1_and_2_are_still_read() {
     let mut changes = sample();
     changes.log_evicted_below = None;
+    changes.clock = None;
     let mut bytes = Vec::new();
     changes.encode("l", &mut bytes).unwrap();
+    assert_eq!(bytes.pop(), Some(0), "no clock");
+    bytes[8..12].copy_from_slice(&2u32.to_be_bytes());
+    assert_eq!(Delta::decode(&bytes).unwrap().changes, changes);
     assert_eq!(bytes.pop(), Some(0), "no evicted-below key");
     bytes[8..12].copy_from_slice(&1u32.to_be_bytes());
     assert_eq!(Delta::decode(&bytes).unwrap().changes, changes);
@@ -254,6 +329,10 @@ fn sample() -> Changes {
         12,
     );
     changes.log_evicted_below = Some([3; 16]);
+    changes.clock(PeriodClock {
+        stream_clock_ms: 1_000,
+        closed_below: 2,
+    });
     changes
 }
 
@@ -269,9 +348,9 @@ fn every_truncation_and_foreign_header_is_an_error() {
         );
     }
     let mut newer = bytes.clone();
-    newer[11] = 3;
+    newer[11] = 4;
     let err = Delta::decode(&newer).unwrap_err();
-    assert!(err.contains("delta format 3"), "{err}");
+    assert!(err.contains("delta format 4"), "{err}");
     let mut longer = bytes.clone();
     longer.push(0);
     assert!(Delta::decode(&longer)
@@ -313,6 +392,7 @@ proptest! {
         added in proptest::collection::vec((any::<[u8; 16]>(), 0usize..5), 0..5),
         evicted in proptest::collection::vec(any::<[u8; 16]>(), 0..5),
         below in proptest::option::of(any::<[u8; 16]>()),
+        clock in proptest::option::of((any::<u64>(), any::<u32>())),
         from in 0u64..1_000, span in 0u64..1_000,
     ) {
         let mut changes = Changes::at(from);
@@ -329,6 +409,10 @@ proptest! {
         }
         changes.log_evicted = evicted;
         changes.log_evicted_below = below;
+        changes.clock = clock.map(|(stream_clock_ms, closed_below)| PeriodClock {
+            stream_clock_ms,
+            closed_below,
+        });
         let mut bytes = Vec::new();
         changes.encode("lineage", &mut bytes).unwrap();
         let delta = Delta::decode(&bytes).unwrap();

@@ -176,6 +176,8 @@ pub struct SpendState {
     /// How far behind the limiters' input is, ms (set every tick from
     /// their reports, [`crate::input::sources::SourceReports::input_lag_ms`]).
     pub(crate) input_lag_ms: i64,
+    /// Each shard's latest dedupe window report (`GET /v1/shards`).
+    pub(crate) dedupe_windows: HashMap<String, adspend_common::dedupe_window::Report>,
 }
 
 impl Default for SpendState {
@@ -190,6 +192,7 @@ impl Default for SpendState {
             listening_since_ms: None,
             algorithm: Algorithm::Adspend,
             input_lag_ms: 0,
+            dedupe_windows: HashMap::new(),
         }
     }
 }

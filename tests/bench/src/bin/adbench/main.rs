@@ -14,6 +14,7 @@ mod pacing;
 mod peers;
 mod recovery;
 mod scale;
+mod soak;
 mod state;
 
 use std::path::PathBuf;
@@ -43,6 +44,9 @@ enum Section {
     /// Spend lease grants through one and two pacers (not in the default
     /// list).
     Leases,
+    /// Every store and process over a long steady run (not in the default
+    /// list).
+    Soak,
 }
 
 #[derive(Parser)]
@@ -242,6 +246,27 @@ struct Args {
     /// Events the limiter's CPU path maps in the scale section.
     #[arg(long, default_value_t = 2_000_000)]
     scale_events: u64,
+    /// Events per second of the soak section.
+    #[arg(long, default_value_t = 20_000.0)]
+    soak_rate: f64,
+    /// Seconds of the soak; its second half is judged (make the first
+    /// half at least two of the longest retention windows).
+    #[arg(long, default_value_t = 1_800)]
+    soak_secs: u64,
+    /// Seconds between the soak's samples.
+    #[arg(long, default_value_t = 30)]
+    soak_interval_secs: u64,
+    /// Share of the soak's events published malformed (into DEADLETTER).
+    #[arg(long, default_value_t = 0.0001)]
+    soak_bad_rate: f64,
+    /// Run the soak with the services' default windows instead of its
+    /// shortened ones (5 minutes of input, dedupe ids and dead letters,
+    /// a checkpoint every 2 s).
+    #[arg(long)]
+    soak_default_windows: bool,
+    /// Settings for the soak's services, `NAME=value`, on top of its own.
+    #[arg(long, value_delimiter = ',', value_parser = name_value)]
+    soak_service_env: Vec<(String, String)>,
     /// Where to write the results table (markdown).
     #[arg(long, default_value = "target/bench/results.md")]
     out: PathBuf,
@@ -305,6 +330,7 @@ async fn run(args: &Args) -> anyhow::Result<Table> {
             Section::Attack => attack(args, &mut table).await?,
             Section::Scale => scale::scaling(args, &mut table).await?,
             Section::Leases => leases::grants(args, &mut table).await?,
+            Section::Soak => soak::soak(args, &mut table).await?,
         }
     }
     Ok(table)

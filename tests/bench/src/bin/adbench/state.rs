@@ -87,17 +87,55 @@ pub(crate) async fn checkpoint(args: &Args, table: &mut Table) -> anyhow::Result
     // What every aggregator start pays before it applies: the dedupe
     // window read from LMDB into memory.
     let mut load_ms = Samples::default();
+    let (mut table_per_id, mut rss_per_id) = (Samples::default(), Samples::default());
     for run in 0..args.runs {
+        let rss_before = state::rss_bytes();
         let started = std::time::Instant::now();
         let ids = adspend_aggregator::dedupe::load(&store)?;
         let ms = started.elapsed().as_secs_f64() * 1e3;
+        // The set as loaded, sized for what it holds; and the resident
+        // memory it added (the first run: later ones may reuse pages freed
+        // by the one before).
+        let n = ids.len().max(1) as f64;
+        let table = ids.table_bytes() as f64 / n;
+        let rss = match (rss_before, state::rss_bytes()) {
+            (Some(before), Some(after)) if run == 0 => {
+                Some(after.saturating_sub(before) as f64 / n)
+            }
+            _ => None,
+        };
         println!(
-            "bench:   dedupe window load {run}: {} ids in {ms:.0} ms ({:.0} ns/id)",
+            "bench:   dedupe window load {run}: {} ids in {ms:.0} ms ({:.0} ns/id), tables {table:.1} bytes/id, resident {}",
             number(ids.len() as f64),
-            ms * 1e6 / ids.len().max(1) as f64
+            ms * 1e6 / n,
+            rss.map_or("-".to_string(), |r| format!("{r:.1} bytes/id")),
         );
         load_ms.push(ms);
+        table_per_id.push(table);
+        if let Some(rss) = rss {
+            rss_per_id.push(rss);
+        }
     }
+    // The writer's own set, grown by inserts and evictions, as it runs.
+    println!(
+        "bench:   writer's dedupe set: {} ids, tables {:.1} bytes/id",
+        number(writer.dedupe_ids() as f64),
+        writer.dedupe_table_bytes() as f64 / writer.dedupe_ids().max(1) as f64
+    );
+    table.add(
+        "dedupe in memory, set as loaded",
+        "bytes/id",
+        table_per_id,
+        None,
+        "the set's hash tables (16-byte id + 1 control byte per bucket, at most 7/8 full) / ids",
+    );
+    table.add(
+        "dedupe in memory, resident",
+        "bytes/id",
+        rss_per_id,
+        None,
+        "resident memory the first load added / ids",
+    );
     table.add(
         "dedupe window load (every aggregator start)",
         "ms",
