@@ -17,6 +17,7 @@
 //! Acknowledged input must not hold that cap: while the stream is over
 //! [`PRESSING`] of it, acknowledged input goes before its retention ends.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use adspend_common::config::{NatsArgs, RetentionArgs};
@@ -110,6 +111,13 @@ pub(crate) struct Retention {
     args: RetentionArgs,
     /// Where the last search for the retention's bound ended.
     searched: u64,
+    /// Per subject filter, the sequence it was last purged below: a lane
+    /// whose floor and bound did not move costs no call (thousands of
+    /// sources, two filters each).
+    purged_below: HashMap<String, u64>,
+    /// The stream's last sequence at the last round (a stream made again
+    /// starts over).
+    last_seen: u64,
 }
 
 /// What the retention's thread needs from the limiter's settings.
@@ -201,6 +209,8 @@ impl Retention {
             token: settings.token,
             args: settings.args.clone(),
             searched: 0,
+            purged_below: HashMap::new(),
+            last_seen: 0,
         })
     }
 
@@ -242,7 +252,9 @@ impl Retention {
         );
         self.export_deadletter().await;
         let cap = self.args.input_max_bytes;
-        if cap > 0 && info.config.max_bytes != cap as i64 {
+        // A cap deferred at the start (the stream held more) is set once
+        // the stream is under it; the start said so once.
+        if cap > 0 && info.config.max_bytes != cap as i64 && info.state.bytes <= cap {
             let limits = InputLimits::from_args(&self.args);
             self.stream = nats::ensure_impressions_with(&self.js, self.replicas, &limits).await?;
         }
@@ -279,8 +291,13 @@ impl Retention {
             .iter()
             .filter_map(Reader::of)
             .collect();
+        if info.state.last_sequence < self.last_seen {
+            self.purged_below.clear();
+        }
+        self.last_seen = info.state.last_sequence;
         for (filter, below) in plan(&readers, &self.prefix, self.token, bound) {
-            if below <= info.state.first_sequence {
+            let done = self.purged_below.get(&filter).copied().unwrap_or(0);
+            if below <= info.state.first_sequence || below <= done {
                 continue;
             }
             let purged = self
@@ -291,6 +308,7 @@ impl Retention {
                 .await
                 .map_err(err("(purge)"))?
                 .purged;
+            self.purged_below.insert(filter.clone(), below);
             if purged > 0 {
                 metrics::counter!(INPUT_PURGED_TOTAL, "reason" => reason).increment(purged);
                 tracing::debug!(filter, below, purged, reason, "acknowledged input purged");

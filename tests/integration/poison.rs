@@ -99,7 +99,8 @@ pub(crate) async fn dead_letters(
 async fn undecodable_spend_messages_are_set_aside_and_replay_sets_them_aside_again() {
     let mut p = Pipeline::start(Backends::default(), 100).await;
     let metrics_port = free_port();
-    p.aggregator = Some(p.spawn_with("aggregator", metrics_port, &[]));
+    // The replay from nothing below needs SPEND whole (docs/RETENTION.md).
+    p.aggregator = Some(p.spawn_with("aggregator", metrics_port, &[("ADSPEND_SPEND_TRIM", "off")]));
     p.limiter = Some(p.spawn("limiter"));
     p.pacer = Some(p.spawn("pacer"));
     p.wait_pacer().await;
@@ -159,7 +160,8 @@ const OVERFLOWED: &str = "adspend_aggregator_spend_set_aside_total{reason=\"sum_
 async fn a_sum_that_would_overflow_sets_one_tuple_aside_and_nothing_stops() {
     let mut p = Pipeline::start(Backends::default(), 100).await;
     let metrics_port = free_port();
-    p.aggregator = Some(p.spawn_with("aggregator", metrics_port, &[]));
+    // The replay from nothing below needs SPEND whole (docs/RETENTION.md).
+    p.aggregator = Some(p.spawn_with("aggregator", metrics_port, &[("ADSPEND_SPEND_TRIM", "off")]));
     p.limiter = Some(p.spawn("limiter"));
     p.pacer = Some(p.spawn("pacer"));
     p.wait_pacer().await;

@@ -113,10 +113,17 @@ async fn ensure(
     existing: Existing,
 ) -> Result<stream::Stream> {
     let name = config.name.clone();
-    let mut stream = js
-        .get_or_create_stream(config.clone())
-        .await
-        .map_err(Error::jetstream(format!("create stream {name}")))?;
+    let mut stream = match js.get_or_create_stream(config.clone()).await {
+        Ok(stream) => stream,
+        // Another service made it between this one's look and its create,
+        // with other limits (the limiter's settings, where an aggregator
+        // creates with the defaults): use it as it is.
+        Err(e) if made_meanwhile(&e) => js
+            .get_stream(&name)
+            .await
+            .map_err(Error::jetstream(format!("stream info {name}")))?,
+        Err(e) => return Err(Error::jetstream(format!("create stream {name}"))(e)),
+    };
     if existing == Existing::Keep {
         return Ok(stream);
     }
@@ -159,6 +166,14 @@ async fn ensure(
         .await
         .map_err(Error::jetstream(format!("stream info {name}")))?;
     Ok(stream)
+}
+
+fn made_meanwhile(e: &jetstream::context::CreateStreamError) -> bool {
+    matches!(
+        e.kind(),
+        jetstream::context::CreateStreamErrorKind::JetStream(inner)
+            if inner.error_code() == jetstream::ErrorCode::STREAM_NAME_EXIST
+    )
 }
 
 /// `IMPRESSIONS`: written by ad servers, read by the limiter. `replicas`

@@ -4,7 +4,8 @@
 //! budget alerts with a webhook, leases and releases, an idle spell (each
 //! shard's stall check), the limiter's source watch reset (its ordered
 //! consumer deleted and made again) and a NATS restart (every consumer made
-//! again), and neither the server nor any service saw a permission
+//! again), with short retention windows (input, dead letters and alerts
+//! purged), and neither the server nor any service saw a permission
 //! violation.
 
 use std::time::Duration;
@@ -53,10 +54,21 @@ async fn every_call_of_every_service_is_granted() {
     };
     // Two writers: each shard reads only its partitions' subjects.
     let aggregator = spawn(&services[0], &[("ADSPEND_AGGREGATOR_WRITERS", "2")]);
-    let limiter = spawn(&services[1], &[]);
+    // Short retention windows: input, dead letters and alerts are purged
+    // (and the limits applied to a DEADLETTER an aggregator may have made
+    // first) under the services' own users too.
+    let limiter = spawn(
+        &services[1],
+        &[
+            ("ADSPEND_INPUT_RETENTION_MS", "2000"),
+            ("ADSPEND_INPUT_MAX_BYTES", "268435456"),
+            ("ADSPEND_DEADLETTER_RETENTION_MS", "86400000"),
+        ],
+    );
     let pacer = spawn(
         &services[2],
         &[
+            ("ADSPEND_ALERTS_RETENTION_MS", "2000"),
             ("ADSPEND_ALERTS_WEBHOOK_URL", &hook),
             (
                 "ADSPEND_ALERTS_WEBHOOK_SECRET",
@@ -99,6 +111,27 @@ async fn every_call_of_every_service_is_granted() {
     // Idle: each shard's stall check finds the stream's head in the other
     // shard's partitions and reads where its own part ends.
     tokio::time::sleep(Duration::from_secs(6)).await;
+    // Meanwhile the windows ran out: acknowledged input and alerts but each
+    // limit's last were purged, with the services' own grants.
+    for (port, series) in [
+        (
+            services[1].metrics_port,
+            "adspend_limiter_input_purged_messages_total{reason=\"age\"}",
+        ),
+        (services[2].metrics_port, "adspend_alerts_purged_total"),
+    ] {
+        wait_until(
+            Duration::from_secs(20),
+            Duration::from_millis(200),
+            || async move {
+                crate::support::try_metric(port, series)
+                    .await
+                    .is_ok_and(|n| n > 0.0)
+            },
+        )
+        .await
+        .unwrap_or_else(|_| panic!("nothing purged: {series}"));
+    }
 
     // The limiter's source watch (an ordered consumer) loses its consumer
     // on the server, as when a NATS node dies: it deletes what is left of

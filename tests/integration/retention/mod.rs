@@ -8,6 +8,7 @@
 
 mod input;
 mod spend;
+mod store;
 mod streams;
 
 use std::time::Duration;
