@@ -2,6 +2,11 @@
 //! each thread count of `--threads` spending on the same book (each thread
 //! on its own slice of the ads, as a bidder's request threads would).
 //!
+//! Besides calls per wall-clock second, each thread counts its calls per
+//! second of its own CPU time (from `/proc/thread-self/schedstat`): the
+//! rate of one core, whatever else the machine runs, and the figure that
+//! shows whether threads slow each other down on the book's locks.
+//!
 //! `cargo bench -p adspend-client --bench try_spend -- --threads 1,2,4 --ads 10000 --secs 3`
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -66,13 +71,16 @@ fn main() {
     let mut base = None;
     for &threads in &args.threads {
         let calls = Arc::new(AtomicU64::new(0));
+        let cpu_ns = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let started = Instant::now();
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let (book, ads, calls, stop) =
                     (book.clone(), ads.clone(), calls.clone(), stop.clone());
+                let cpu_ns = cpu_ns.clone();
                 std::thread::spawn(move || {
+                    let cpu_start = thread_cpu_ns();
                     let mine: Vec<&String> = ads.iter().skip(t).step_by(threads).collect();
                     let mut n = 0u64;
                     let mut i = 0usize;
@@ -86,6 +94,7 @@ fn main() {
                         n += 1024;
                     }
                     calls.fetch_add(n, Relaxed);
+                    cpu_ns.fetch_add(thread_cpu_ns() - cpu_start, Relaxed);
                 })
             })
             .collect();
@@ -97,10 +106,20 @@ fn main() {
         let rate = calls.load(Relaxed) as f64 / started.elapsed().as_secs_f64();
         let speedup = base.map_or(1.0, |b: f64| rate / b);
         base.get_or_insert(rate);
+        let per_cpu_sec = calls.load(Relaxed) as f64 / (cpu_ns.load(Relaxed) as f64 / 1e9);
         println!(
-            "threads {threads}: {:.2} M calls/s ({:.2} M per thread), {speedup:.2}x the first",
+            "threads {threads}: {:.2} M calls/s ({:.2} M per thread), {speedup:.2}x the first; {:.2} M calls per CPU-second of a thread",
             rate / 1e6,
-            rate / 1e6 / threads as f64
+            rate / 1e6 / threads as f64,
+            per_cpu_sec / 1e6
         );
     }
+}
+
+/// Nanoseconds this thread has run on a CPU.
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
 }
