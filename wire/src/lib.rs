@@ -17,6 +17,7 @@
 //! NATS, etcd and runtime plumbing around them); the fuzz targets link this
 //! crate alone.
 
+pub mod batch;
 pub mod catalog;
 pub mod codec;
 pub mod dead_letter;
