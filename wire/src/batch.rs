@@ -5,7 +5,7 @@
 //! - **NDJSON** (the contract's): one JSON object a line; blank lines are
 //!   skipped, a trailing `\r` is cut, and an entry's number is its line
 //!   number (from 0, blank lines counted), parsed by
-//!   [`parse_line`](crate::impression::parse_line).
+//!   [`parse_line`].
 //! - **Binary** ([`binary`], docs/INPUT.md): a message that begins with
 //!   [`binary::MAGIC`], which no NDJSON payload that holds an impression
 //!   can begin with (its first byte is not valid UTF-8), followed by a
