@@ -25,7 +25,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-all=(limiter_line spend_decode pacer_push catalog_parse)
+all=(limiter_line limiter_binary spend_decode pacer_push catalog_parse)
 seconds=60
 merge=0
 profile=()

@@ -10,9 +10,10 @@
 use std::fs;
 use std::path::Path;
 
+use adspend_wire::batch::binary::{BinaryBatch, HEADER_LEN, MAGIC};
 use adspend_wire::catalog::Catalog;
 use adspend_wire::codec::{encode_spend, encode_sums};
-use adspend_wire::impression::parse_line;
+use adspend_wire::impression::{parse_line, MAX_TS_MS};
 use adspend_wire::types::{
     CheckpointMarker, MsgId, SpendBatch, SpendMessage, SpendTuple, SumEntry, SumsUpdate,
     LIFETIME_BUCKET,
@@ -193,6 +194,40 @@ fn write(target: &str, name: &str, bytes: &[u8]) {
     fs::write(dir.join(format!("seed-{name}")), bytes).expect("seed written");
 }
 
+/// limiter_binary: the NDJSON batch's impressions as binary entries (mode
+/// byte 0: the target adds the header), each fault the reader names, a
+/// whole message of an unknown version (mode 1), and a few structured
+/// inputs (mode 2).
+fn binary_seeds() {
+    let mut batch = BinaryBatch::new();
+    for line in BATCH.lines() {
+        if let Ok(i) = parse_line(line.as_bytes()) {
+            batch.push(&i.id, &i.ad_id, i.cost_micros, i.ts_ms, i.lease_id.as_deref());
+        }
+    }
+    assert!(!batch.is_empty(), "the batch has impressions");
+    let entries_of = |batch: &BinaryBatch| {
+        let mut bytes = vec![0u8];
+        bytes.extend_from_slice(&batch.as_bytes()[HEADER_LEN..]);
+        bytes
+    };
+    write("limiter_binary", "batch", &entries_of(&batch));
+    let mut faults = BinaryBatch::new();
+    faults.push("i-1", "ad-1", 1_500, 1_700_000_000_000, Some("lz1k.3.0"));
+    faults.push("", "ad-1", 1, 1, None);
+    faults.push(&"x".repeat(65), "ad-1", 1, 1, None);
+    faults.push("i-2", "ad-1", u64::MAX, -1, None);
+    faults.push("i-3", "ad-1", 1, MAX_TS_MS + 1, None);
+    let mut bytes = entries_of(&faults);
+    bytes.extend_from_slice(&[0, 5, 1, b'i', 1, b'a', 0xff, 40, 1]);
+    write("limiter_binary", "faults", &bytes);
+    let mut v2 = vec![1u8];
+    v2.extend_from_slice(batch.as_bytes());
+    v2[1 + MAGIC.len()] = 2;
+    write("limiter_binary", "version-2", &v2);
+    write("limiter_binary", "structured", &[2, 1, 3, b'i', b'-', b'1', 4, b'a', b'd', b'-', b'1', 7, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 1]);
+}
+
 fn main() {
     assert!(
         Path::new("fuzz/Cargo.toml").exists(),
@@ -205,6 +240,7 @@ fn main() {
         write("limiter_line", name, line.as_bytes());
     }
     write("limiter_line", "batch", BATCH.as_bytes());
+    binary_seeds();
 
     // spend_decode: the spend of the batch, and markers.
     let batches = spend_batches(&catalog, BATCH, 2, 1_700_000_000_000);

@@ -4,10 +4,11 @@
 
 use std::sync::Arc;
 
+use adspend_wire::batch::entries;
 use adspend_wire::catalog::Catalog;
 use adspend_wire::codec::encode_spend_ref;
 use adspend_wire::dead_letter::{DeadLetter, Overflow};
-use adspend_wire::impression::{parse_line, Reason, Rejection};
+use adspend_wire::impression::{Reason, Rejection};
 use adspend_wire::lease::lease_key;
 use adspend_wire::types::{
     Micros, MsgId, SpendBatchRef, SpendMessageRef, SpendTuple, LIFETIME_BUCKET,
@@ -194,15 +195,12 @@ impl Output {
         }
     }
 
-    /// Split one input message into lines and map each.
+    /// Split one input message into its entries (NDJSON lines or binary
+    /// entries: `adspend_wire::batch`) and map each.
     pub(crate) fn add(&mut self, input: &Input<'_>, catalog: &Catalog) {
         let mut overflow = Overflow::default();
-        for (line_no, line) in input.payload.split(|&b| b == b'\n').enumerate() {
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            let rejection = match parse_line(line) {
+        for entry in entries(input.payload) {
+            let rejection = match entry.parsed {
                 Ok(impression) if impression.cost_micros > self.max_cost_micros => Rejection {
                     reason: Reason::CostTooLarge,
                     detail: format!(
@@ -241,13 +239,13 @@ impl Output {
             };
             self.count_rejection(rejection.reason);
             let reason = rejection.reason.as_str();
-            if overflow.admit(line_no as u32, reason) {
+            if overflow.admit(entry.no, reason) {
                 self.dead_letters.push(DeadLetter::new(
                     reason,
                     rejection.detail,
-                    line,
+                    entry.bytes,
                     input.stream_seq,
-                    line_no as u32,
+                    entry.no,
                 ));
             }
         }
@@ -257,3 +255,6 @@ impl Output {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod binary_tests;

@@ -2,6 +2,7 @@
 //! nats-server, etcd and S3-compatible processes started by the harness.
 
 mod alerts;
+mod binary_input;
 mod catalog_watch;
 mod chaos;
 mod checkpoint_record;

@@ -6,8 +6,9 @@
 //! (aggregator → pacer) into bytes and back, checking what it decodes;
 //! [`source_report`] is the limiter's per-source report to the pacer (JSON).
 //! [`impression`] parses the ad servers' NDJSON lines into impressions or
-//! rejections, and [`dead_letter`] is the bounded record of a rejected line
-//! on `DEADLETTER`. [`catalog`] parses and validates the budget catalog and
+//! rejections; [`batch`] splits an input message, NDJSON or a binary batch
+//! ([`batch::binary`], which it also writes), into such entries; and
+//! [`dead_letter`] is the bounded record of a rejected entry on `DEADLETTER`. [`catalog`] parses and validates the budget catalog and
 //! does the period arithmetic the limiter and the pacer must agree on. [`lease`]
 //! is the format of spend lease ids and the key a lease's spend is summed
 //! under.
@@ -17,6 +18,7 @@
 //! NATS, etcd and runtime plumbing around them); the fuzz targets link this
 //! crate alone.
 
+pub mod batch;
 pub mod catalog;
 pub mod codec;
 pub mod dead_letter;

@@ -1,4 +1,5 @@
 use super::*;
+use adspend_wire::impression::parse_line;
 use adspend_wire::lease::lease_of_key;
 use proptest::prelude::*;
 

@@ -15,7 +15,7 @@ use adspend_harness::pipeline::{Backends, Pipeline};
 use adspend_harness::{free_port, NatsOptions};
 use adspend_sim::check::wait_for_match;
 use adspend_sim::stats::histogram_quantile;
-use adspend_sim::{self as sim, Catalog, SimConfig, Truth};
+use adspend_sim::{self as sim, Catalog, InputFormat, SimConfig, Truth};
 
 /// Settings of the services in a benchmark: the contract's production
 /// defaults, with logs at `info`.
@@ -156,8 +156,10 @@ fn full_speed(
     duration: Option<Duration>,
     batch: usize,
     seed: u64,
+    format: InputFormat,
 ) -> SimConfig {
     SimConfig {
+        format,
         subject: "impressions.bench".into(),
         events,
         duration,
@@ -176,7 +178,7 @@ fn full_speed(
 /// Its truth; [`settle`] waits for the pacer to equal it.
 pub async fn backlog(p: &Pipeline, events: u64, batch: usize, seed: u64) -> anyhow::Result<Truth> {
     let client = p.client().await;
-    let config = full_speed(Some(events), None, batch, seed);
+    let config = full_speed(Some(events), None, batch, seed, InputFormat::Ndjson);
     let truth = sim::run(&client, &config, &p.catalog, CancellationToken::new()).await?;
     anyhow::ensure!(
         truth.stats.messages_failed == 0,
@@ -186,16 +188,17 @@ pub async fn backlog(p: &Pipeline, events: u64, batch: usize, seed: u64) -> anyh
     Ok(truth)
 }
 
-/// The simulator at full speed for `duration`, `batch` events per message,
-/// 5% duplicates; then until the pacer has caught up.
+/// The simulator at full speed for `duration`, `batch` events per message
+/// in `format`, 5% duplicates; then until the pacer has caught up.
 pub async fn sustained(
     p: &Pipeline,
     duration: Duration,
     batch: usize,
     seed: u64,
+    format: InputFormat,
 ) -> anyhow::Result<Run> {
     let client = p.client().await;
-    let config = full_speed(None, Some(duration), batch, seed);
+    let config = full_speed(None, Some(duration), batch, seed, format);
     let started = Instant::now();
     let truth = sim::run_with_progress(
         &client,

@@ -16,7 +16,6 @@ use adspend_limiter::chunk::{Mapping, RawInput};
 use adspend_sim::Catalog;
 
 use crate::state::{self, Skew};
-use crate::workload::Workload;
 
 /// Each thread's name and CPU ticks, by thread id.
 pub type Ticks = HashMap<u32, (String, u64)>;
@@ -92,10 +91,16 @@ pub fn mapping(catalog: &Catalog, dir: &Path, partitions: u32) -> anyhow::Result
 }
 
 /// Impressions per second the limiter's CPU path maps on `threads`
-/// threads: each takes the next chunk of `chunk` messages of `workload`,
+/// threads: each takes the next chunk of `chunk` of `messages` (a
+/// workload's, in one format: [`crate::workload::Workload::messages_in`]),
 /// maps it through the catalog and encodes its output, until none is left.
-pub fn limiter_cpu(mapping: &Mapping, workload: &Workload, chunk: usize, threads: usize) -> f64 {
-    let chunks: Vec<&[bytes::Bytes]> = workload.messages.chunks(chunk.max(1)).collect();
+pub fn limiter_cpu(
+    mapping: &Mapping,
+    messages: &[bytes::Bytes],
+    chunk: usize,
+    threads: usize,
+) -> f64 {
+    let chunks: Vec<&[bytes::Bytes]> = messages.chunks(chunk.max(1)).collect();
     let next = AtomicUsize::new(0);
     let started = Instant::now();
     let impressions: u64 = std::thread::scope(|scope| {

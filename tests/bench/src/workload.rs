@@ -7,9 +7,11 @@ use bytes::{Bytes, BytesMut};
 
 use adspend_sim::event::{Batch, Generator, GeneratorConfig};
 use adspend_sim::truth::CatalogIndex;
+use adspend_sim::InputFormat;
 use adspend_sim::{
     generate_catalog, Catalog, CatalogSpec, CostDistribution, EventTime, Stats, Truth, TruthBuilder,
 };
+use adspend_wire::batch::binary::BinaryBatch;
 
 #[derive(Debug, Clone)]
 pub struct WorkloadSpec {
@@ -127,6 +129,33 @@ impl Workload {
             lines.push(message.slice(start..));
             lines
         })
+    }
+
+    /// The messages in `format`: as generated (NDJSON), or each one's
+    /// impressions in a binary batch of its own, in the same order.
+    pub fn messages_in(&self, format: InputFormat) -> Vec<Bytes> {
+        if format == InputFormat::Ndjson {
+            return self.messages.clone();
+        }
+        self.messages
+            .iter()
+            .map(|message| {
+                let mut batch = BinaryBatch::with_capacity(message.len() / 2);
+                for entry in adspend_wire::batch::entries(message) {
+                    let i = entry
+                        .parsed
+                        .expect("a workload holds good impressions only");
+                    batch.push(
+                        &i.id,
+                        &i.ad_id,
+                        i.cost_micros,
+                        i.ts_ms,
+                        i.lease_id.as_deref(),
+                    );
+                }
+                Bytes::from(batch.into_bytes())
+            })
+            .collect()
     }
 
     pub fn bytes(&self) -> usize {

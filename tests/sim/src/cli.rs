@@ -9,8 +9,8 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 
 use super::{
-    BadKind, CatalogSpec, CostDistribution, EventTime, LeasePolicy, LoopConfig, LoopProgress,
-    Progress, ServeMode, SimConfig, Stats,
+    BadKind, CatalogSpec, CostDistribution, EventTime, InputFormat, LeasePolicy, LoopConfig,
+    LoopProgress, Progress, ServeMode, SimConfig, Stats,
 };
 
 /// `adsim catalog`.
@@ -83,6 +83,9 @@ pub struct RunArgs {
     /// Events per message, as NDJSON; 1 = one JSON object per message.
     #[arg(long, env = "ADSIM_BATCH", default_value_t = 100)]
     pub batch: usize,
+    /// Payload format: ndjson, or binary (docs/INPUT.md; no bad events).
+    #[arg(long, env = "ADSIM_FORMAT", default_value = "ndjson")]
+    pub format: InputFormat,
     /// Event timestamps: now, last:<duration> or range:<from>..<to>.
     #[arg(long, env = "ADSIM_EVENT_TIME", default_value = "now")]
     pub event_time: EventTime,
@@ -326,6 +329,7 @@ impl RunArgs {
             seed: self.seed,
             run_id: self.run_id.clone(),
             in_flight: self.in_flight,
+            format: self.format,
             ..SimConfig::default()
         }
     }

@@ -1,5 +1,10 @@
 //! Event generation: good impressions, verbatim duplicates and bad lines,
-//! written straight into the outgoing NDJSON payload.
+//! written straight into the outgoing NDJSON payload (or binary batch:
+//! [`format`]).
+
+mod format;
+pub use format::InputFormat;
+use format::{put_i64, put_u64};
 
 use std::fmt;
 use std::str::FromStr;
@@ -250,6 +255,9 @@ pub struct Generator {
     next_bad: u64,
     recent: Vec<GoodEvent>,
     recent_next: usize,
+    /// NDJSON unless [`Generator::with_format`] says otherwise.
+    format: InputFormat,
+    scratch: Vec<u8>,
 }
 
 impl Generator {
@@ -277,6 +285,8 @@ impl Generator {
             next_bad: 0,
             recent: Vec::with_capacity(RECENT),
             recent_next: 0,
+            format: InputFormat::Ndjson,
+            scratch: Vec::new(),
         })
     }
 
@@ -289,8 +299,9 @@ impl Generator {
         out: &mut BytesMut,
         batch: &mut Batch,
     ) {
+        self.start_message(out);
         for i in 0..events {
-            if i > 0 {
+            if i > 0 && self.format == InputFormat::Ndjson {
                 out.put_u8(b'\n');
             }
             if self.config.bad_rate > 0.0 && self.rng.random_bool(self.config.bad_rate) {
@@ -343,7 +354,10 @@ impl Generator {
         }
     }
 
-    fn write_good(&self, event: &GoodEvent, out: &mut BytesMut) {
+    fn write_good(&mut self, event: &GoodEvent, out: &mut BytesMut) {
+        if self.format == InputFormat::Binary {
+            return self.write_good_binary(event, out);
+        }
         out.put_slice(b"{\"id\":\"");
         out.put_slice(&self.id_prefix);
         put_u64(out, event.seq);
@@ -467,25 +481,4 @@ fn put_fields(out: &mut BytesMut, id: &[u8], ad_json: &str, cost: Option<&[u8]>,
         put_i64(out, ts);
     }
     out.put_u8(b'}');
-}
-
-fn put_u64(out: &mut BytesMut, mut value: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            break;
-        }
-    }
-    out.put_slice(&digits[at..]);
-}
-
-fn put_i64(out: &mut BytesMut, value: i64) {
-    if value < 0 {
-        out.put_u8(b'-');
-    }
-    put_u64(out, value.unsigned_abs());
 }

@@ -32,7 +32,7 @@ pub use catalog::{generate_catalog, Catalog, CatalogSpec, Limit, Period, MAX_ID_
 pub use closed_loop::{
     run_closed_loop, AdRecord, LeaseCounts, LoopConfig, LoopOutcome, LoopProgress, Traffic,
 };
-pub use event::{BadKind, CostDistribution, EventTime};
+pub use event::{BadKind, CostDistribution, EventTime, InputFormat};
 pub use loop_lease::{LeasePolicy, ServeMode};
 pub use publish::{ensure_stream, run, run_with_progress, Progress};
 pub use truth::{
@@ -80,6 +80,8 @@ pub struct SimConfig {
     pub progress_interval: Duration,
     /// Create the `IMPRESSIONS` stream if it is missing.
     pub create_stream: bool,
+    /// NDJSON or the binary batch format (which takes no bad events).
+    pub format: InputFormat,
 }
 
 impl Default for SimConfig {
@@ -105,6 +107,7 @@ impl Default for SimConfig {
             ack_timeout: Duration::from_secs(10),
             progress_interval: Duration::from_secs(1),
             create_stream: true,
+            format: InputFormat::Ndjson,
         }
     }
 }
@@ -133,6 +136,9 @@ impl SimConfig {
             if !(0.0..=1.0).contains(&rate) {
                 return fail(format!("{name} rate {rate} must be within 0..=1"));
             }
+        }
+        if self.bad_rate > 0.0 && self.format == InputFormat::Binary {
+            return fail("the binary format has no bad events: set the bad rate to 0".to_owned());
         }
         if self.bad_rate > 0.0 && self.bad_kinds.is_empty() {
             return fail("bad rate > 0 needs at least one bad-event kind".to_owned());

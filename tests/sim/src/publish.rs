@@ -105,6 +105,7 @@ pub async fn run_with_progress(
         },
         &run_id,
     )
+    .and_then(|g| g.with_format(config.format))
     .map_err(anyhow::Error::msg)?;
     // Our own window bounds what is in flight; the context's must not be
     // smaller or publish would fail instead of waiting.

@@ -30,8 +30,13 @@ pub(crate) async fn end_to_end(args: &Args, table: &mut Table) -> anyhow::Result
         } else {
             "NATS default sync (2 min)"
         };
-        let (mut rates, mut p50, mut p99) =
-            (Samples::default(), Samples::default(), Samples::default());
+        let (mut p50, mut p99) = (Samples::default(), Samples::default());
+        // One series a format; the formats run back to back, run by run.
+        let mut rates: Vec<Samples> = args
+            .input_formats
+            .iter()
+            .map(|_| Samples::default())
+            .collect();
         // A pipeline of the contract's defaults and `--e2e-service-env`,
         // once the machine is done with the memory the last one freed.
         let start = || async {
@@ -49,26 +54,32 @@ pub(crate) async fn end_to_end(args: &Args, table: &mut Table) -> anyhow::Result
             let half = match args.e2e_fresh_rate {
                 Some(rate) => rate,
                 None => {
-                    let p = start().await?;
-                    let result = e2e::sustained(
-                        &p,
-                        Duration::from_secs(args.e2e_secs),
-                        args.batch,
-                        100 + run as u64,
-                    )
-                    .await?;
-                    anyhow::ensure!(
-                        result.exact,
-                        "end-to-end run {run} ({setting}) did not match the truth"
-                    );
-                    println!(
-                        "bench:   e2e {setting}: {} events in {:.1}s = {} events/s, exact",
-                        result.events,
-                        result.secs,
-                        number(result.events_per_sec)
-                    );
-                    rates.push(result.events_per_sec);
-                    result.events_per_sec / 2.0
+                    let mut half = None;
+                    for (&format, rates) in args.input_formats.iter().zip(&mut rates) {
+                        let p = start().await?;
+                        let result = e2e::sustained(
+                            &p,
+                            Duration::from_secs(args.e2e_secs),
+                            args.batch,
+                            100 + run as u64,
+                            format,
+                        )
+                        .await?;
+                        drop(p);
+                        anyhow::ensure!(
+                            result.exact,
+                            "end-to-end run {run} ({setting}, {format}) did not match the truth"
+                        );
+                        println!(
+                            "bench:   e2e {setting}, {format}: {} events in {:.1}s = {} events/s, exact",
+                            result.events,
+                            result.secs,
+                            number(result.events_per_sec)
+                        );
+                        rates.push(result.events_per_sec);
+                        half.get_or_insert(result.events_per_sec / 2.0);
+                    }
+                    half.unwrap_or(0.0)
                 }
             };
             // A fresh pipeline, so the state (and each checkpoint's size) is
@@ -112,20 +123,29 @@ pub(crate) async fn end_to_end(args: &Args, table: &mut Table) -> anyhow::Result
             p50.push(fresh.p50_ms);
             p99.push(fresh.p99_ms);
         }
-        let mut note = format!(
-            "{} s sustained, NDJSON {} events/message, 5% duplicates, {setting}",
-            args.e2e_secs, args.batch
-        );
-        for (name, value) in &args.e2e_service_env {
-            note.push_str(&format!(", {name}={value}"));
-        }
+        let notes: Vec<String> = args
+            .input_formats
+            .iter()
+            .map(|format| {
+                let mut note = format!(
+                    "{} s sustained, {format} {} events/message, 5% duplicates, {setting}",
+                    args.e2e_secs, args.batch
+                );
+                for (name, value) in &args.e2e_service_env {
+                    note.push_str(&format!(", {name}={value}"));
+                }
+                note
+            })
+            .collect();
         // Issue 10's targets: the rate durable, the freshness in both sync
         // settings.
-        let rate_target = durable.then_some(Target {
-            text: ">= 600,000",
-            bound: 600_000.0,
-            higher: true,
-        });
+        let rate_target = || {
+            durable.then_some(Target {
+                text: ">= 600,000",
+                bound: 600_000.0,
+                higher: true,
+            })
+        };
         // The freshness target is at half the sustained rate.
         let p99_target = args.e2e_fresh_rate.is_none().then_some(Target {
             text: "<= 150",
@@ -135,14 +155,16 @@ pub(crate) async fn end_to_end(args: &Args, table: &mut Table) -> anyhow::Result
         let at = match args.e2e_fresh_rate {
             Some(rate) => format!("at {} events/s", number(rate)),
             None => {
-                table.add(
-                    format!("end to end ({setting})"),
-                    "impressions/s",
-                    rates,
-                    rate_target,
-                    note,
-                );
-                "at half rate".to_string()
+                let formats = args.input_formats.iter().zip(rates).zip(notes);
+                for ((format, rates), note) in formats {
+                    let name = if args.input_formats.len() > 1 {
+                        format!("end to end ({setting}, {format})")
+                    } else {
+                        format!("end to end ({setting})")
+                    };
+                    table.add(name, "impressions/s", rates, rate_target(), note);
+                }
+                "at half rate (the first format's)".to_string()
             }
         };
         table.add(

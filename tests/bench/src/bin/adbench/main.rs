@@ -217,6 +217,11 @@ struct Args {
     /// 0: no backlog run.
     #[arg(long, default_value_t = 3_000_000)]
     scale_backlog: u64,
+    /// Input formats of the scale section's limiter CPU path and of the
+    /// e2e section's sustained runs, run back to back: ndjson, binary
+    /// (docs/INPUT.md).
+    #[arg(long, value_delimiter = ',', default_value = "ndjson")]
+    input_formats: Vec<adspend_sim::InputFormat>,
     /// Leave the scale section's stage benchmarks out (for pipeline runs
     /// of another build's services).
     #[arg(long)]

@@ -61,35 +61,61 @@ fn stages(args: &Args, table: &mut Table) -> anyhow::Result<()> {
     let mapping = scale::mapping(&workload.catalog, dir.path(), 16)?;
     let base_threads = args.scale_threads.first().copied().unwrap_or(1);
     let (mut limiter_base, mut apply_base) = (None, None);
+    let inputs: Vec<_> = args
+        .input_formats
+        .iter()
+        .map(|&format| (format, workload.messages_in(format)))
+        .collect();
+    for (format, messages) in &inputs {
+        let bytes: usize = messages.iter().map(bytes::Bytes::len).sum();
+        println!(
+            "bench:   {format}: {:.1} bytes per impression ({} bytes, {} events)",
+            bytes as f64 / workload.events as f64,
+            number(bytes as f64),
+            number(workload.events as f64)
+        );
+    }
     for &threads in &args.scale_threads {
-        let mut rates = Samples::default();
+        // The formats back to back, run by run.
+        let mut rates: Vec<Samples> = inputs.iter().map(|_| Samples::default()).collect();
         for _ in 0..args.runs {
-            let rate = scale::limiter_cpu(&mapping, &workload, args.scale_chunk, threads);
-            println!(
-                "bench:   limiter CPU path, {threads} thread(s): {} impressions/s",
-                number(rate)
-            );
-            rates.push(rate);
+            for ((format, messages), rates) in inputs.iter().zip(&mut rates) {
+                let rate = scale::limiter_cpu(&mapping, messages, args.scale_chunk, threads);
+                println!(
+                    "bench:   limiter CPU path, {format}, {threads} thread(s): {} impressions/s",
+                    number(rate)
+                );
+                rates.push(rate);
+            }
         }
-        let median = rates.median();
-        table.add(
-            format!("limiter CPU path, {threads} thread(s)"),
-            "impressions/s",
-            rates,
-            None,
-            format!(
-                "decode, validate, map, encode; chunks of {} messages of {} events, no NATS",
-                args.scale_chunk, args.batch
-            ),
-        );
-        speedup(
-            table,
-            "limiter CPU path",
-            threads,
-            base_threads,
-            median,
-            &mut limiter_base,
-        );
+        for ((format, _), rates) in inputs.iter().zip(rates) {
+            let median = rates.median();
+            let name = if inputs.len() > 1 {
+                format!("limiter CPU path ({format})")
+            } else {
+                "limiter CPU path".to_string()
+            };
+            table.add(
+                format!("{name}, {threads} thread(s)"),
+                "impressions/s",
+                rates,
+                None,
+                format!(
+                    "decode, validate, map, encode; chunks of {} messages of {} events ({format}), no NATS",
+                    args.scale_chunk, args.batch
+                ),
+            );
+            if inputs.len() == 1 {
+                speedup(
+                    table,
+                    "limiter CPU path",
+                    threads,
+                    base_threads,
+                    median,
+                    &mut limiter_base,
+                );
+            }
+        }
 
         let mut rates = Samples::default();
         for _ in 0..args.runs {
@@ -208,6 +234,7 @@ async fn pipeline(
             Duration::from_secs(args.scale_secs),
             args.batch,
             300 + run as u64,
+            adspend_sim::InputFormat::Ndjson,
         )
         .await?;
         let cpu = scale::cpu_since(&before, started.elapsed());
