@@ -135,11 +135,12 @@ impl RetentionArgs {
 #[derive(Args, Clone, Debug, PartialEq)]
 pub struct SpendTrimArgs {
     /// `checkpoint`: after each checkpoint a shard trims its partitions
-    /// below the oldest base snapshot it keeps. `off`: never; SPEND grows
-    /// without bound, and a shard whose snapshots are all gone can still be
-    /// rebuilt by replaying it from sequence 1.
+    /// below the oldest base snapshot it keeps. `off` (the default, until a
+    /// partition with no checkpoint yet tells another shard's trim from a
+    /// loss): never; SPEND grows without bound, and a shard whose snapshots
+    /// are all gone can still be rebuilt by replaying it from sequence 1.
     #[arg(long = "spend-trim", env = env::SPEND_TRIM, value_enum,
-          default_value_t = SpendTrim::Checkpoint)]
+          default_value_t = SpendTrim::Off)]
     pub spend_trim: SpendTrim,
 }
 

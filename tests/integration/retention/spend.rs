@@ -64,6 +64,7 @@ async fn spend_trimmed_then_a_kill_and_a_cold_restore_from_the_oldest_base_are_e
     let settings = [
         ("ADSPEND_CHECKPOINT_MAX_DELTAS", "0"),
         ("ADSPEND_SNAPSHOTS_KEPT", "1"),
+        ("ADSPEND_SPEND_TRIM", "checkpoint"),
     ];
     let mut aggregator = p.spawn_with("aggregator", port, &settings);
     p.limiter = Some(p.spawn("limiter"));

@@ -19,6 +19,7 @@ const SHORT_WINDOWS: &[(&str, &str)] = &[
     ("ADSPEND_DEDUPE_WINDOW_MS", "300000"),
     ("ADSPEND_DEADLETTER_RETENTION_MS", "300000"),
     ("ADSPEND_CHECKPOINT_INTERVAL_MS", "2000"),
+    ("ADSPEND_SPEND_TRIM", "checkpoint"),
 ];
 
 pub(crate) async fn soak(args: &Args, table: &mut Table) -> anyhow::Result<()> {
