@@ -50,6 +50,7 @@ pub(crate) mod writers;
 
 // What other crates name (the tests crate's benches and recovery tests).
 pub use checkpoint::{checkpointer, record, restore, trim};
+pub use shard::bounds;
 
 use std::net::SocketAddr;
 

@@ -40,6 +40,8 @@ use crate::snapshot_store::SnapshotStore;
 use crate::store::Store;
 use crate::telemetry::ShardGauges;
 
+pub mod bounds;
+pub(crate) use bounds::trim_parts;
 pub(crate) mod consume;
 mod parts;
 
@@ -166,6 +168,7 @@ struct Opened {
     client: async_nats::Client,
     js: jetstream::Context,
     stream: Stream,
+    bounds: bounds::Bounds,
     records: CheckpointStore,
     snapshots: SnapshotStore,
     settings: ShardSettings,
@@ -226,6 +229,7 @@ async fn open(spec: Spec, stop: &Stop) -> Result<Option<Opened>, Error> {
     let epoch = patiently!("take ownership", records.acquire_epoch().await);
     let js = jetstream::new(client.clone());
     let mut stream = nats::ensure_spend(&js, settings.stream_replicas).await?;
+    let trims = nats::ensure_spend_trims(&js, settings.stream_replicas).await?;
     let lmdb_dir = data_dir.join("lmdb");
     let local = missing::Local {
         shard: &shard,
@@ -262,7 +266,12 @@ async fn open(spec: Spec, stop: &Stop) -> Result<Option<Opened>, Error> {
     );
     let store = Arc::new(store);
     let (_, last_applied) = store.position()?;
-    consume::check_bounds(&mut stream, last_applied).await?;
+    let mut bounds = bounds::Bounds {
+        stream: stream.clone(),
+        trims,
+        owned: partitions.clone(),
+    };
+    bounds.check(last_applied).await?;
     tracing::info!(
         shard,
         epoch,
@@ -278,6 +287,7 @@ async fn open(spec: Spec, stop: &Stop) -> Result<Option<Opened>, Error> {
         client,
         js,
         stream,
+        bounds,
         records,
         snapshots,
         settings,

@@ -134,13 +134,13 @@ impl RetentionArgs {
 /// How far back the aggregator keeps `SPEND` (docs/RETENTION.md).
 #[derive(Args, Clone, Debug, PartialEq)]
 pub struct SpendTrimArgs {
-    /// `checkpoint`: after each checkpoint a shard trims its partitions
-    /// below the oldest base snapshot it keeps. `off` (the default, until a
-    /// partition with no checkpoint yet tells another shard's trim from a
-    /// loss): never; SPEND grows without bound, and a shard whose snapshots
-    /// are all gone can still be rebuilt by replaying it from sequence 1.
+    /// `checkpoint` (the default): after each checkpoint a shard trims its
+    /// partitions below the oldest base snapshot it keeps, marking how far
+    /// in `SPEND_TRIMS` first. `off`: never; SPEND grows without bound, and
+    /// a shard whose snapshots are all gone can still be rebuilt by
+    /// replaying it from sequence 1.
     #[arg(long = "spend-trim", env = env::SPEND_TRIM, value_enum,
-          default_value_t = SpendTrim::Off)]
+          default_value_t = SpendTrim::Checkpoint)]
     pub spend_trim: SpendTrim,
 }
 

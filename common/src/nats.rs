@@ -15,13 +15,18 @@ mod streams;
 pub use age::first_newer_than;
 pub use streams::{
     ensure_alerts, ensure_deadletter, ensure_deadletter_with, ensure_impressions,
-    ensure_impressions_with, ensure_spend, DeadletterLimits, InputLimits,
+    ensure_impressions_with, ensure_spend, ensure_spend_trims, DeadletterLimits, InputLimits,
 };
 
 pub const IMPRESSIONS_STREAM: &str = "IMPRESSIONS";
 pub const IMPRESSIONS_SUBJECTS: &str = "impressions.>";
 pub const SPEND_STREAM: &str = "SPEND";
 pub const SPEND_SUBJECTS: &str = "spend.*";
+/// How far each part of `SPEND` was trimmed: one message per subject, the
+/// newest ([`spend_trim_subject`]), written before each trim. What tells a
+/// trim from a lost head for a shard that has applied nothing yet.
+pub const SPEND_TRIMS_STREAM: &str = "SPEND_TRIMS";
+pub(crate) const SPEND_TRIMS_SUBJECTS: &str = "adspend.spend-trims.*";
 pub const DEADLETTER_STREAM: &str = "DEADLETTER";
 pub(crate) const DEADLETTER_SUBJECTS: &str = "deadletter.>";
 pub const ALERTS_STREAM: &str = "ALERTS";
@@ -73,6 +78,12 @@ pub fn progress_subject(shard: &str) -> String {
 
 pub fn spend_subject(partition: u32) -> String {
     format!("spend.{partition}")
+}
+
+/// The subject of `SPEND_TRIMS` that says below which sequence `part`
+/// (a partition's number, or `all` for every partition) was trimmed.
+pub fn spend_trim_subject(part: &str) -> String {
+    format!("adspend.spend-trims.{part}")
 }
 
 pub fn alert_subject(limit_id: &str) -> String {

@@ -6,20 +6,30 @@
 //! included, replays from past its position, and finds every message it
 //! needs.
 //!
-//! The message at that position stays (the purge stops below it). The
-//! stream's first sequence rises as the shards trim, past where a shard
-//! whose partitions are quiet must replay from; what tells a trim from a
-//! real gap is that the message at the shard's last applied sequence, one
-//! of its own, is still there: a trim never reaches it, a loss of the
-//! stream's head does (`shard::consume::check_bounds`).
+//! The message at that position stays (the purge stops below it). Before
+//! each purge the trim's bound is written to `SPEND_TRIMS`, one subject per
+//! partition (`all` for the only shard), the newest kept: the stream's
+//! first sequence rises as the shards trim, past where a shard whose
+//! partitions are quiet must replay from, and those marks, with the shard's
+//! own last applied message, tell a trim from a real gap
+//! (`shard::bounds`).
 
-use adspend_common::nats::{spend_subject, SPEND_SUBJECTS};
-use async_nats::jetstream::stream::Stream;
+use std::time::Duration;
+
+use adspend_common::nats::{spend_subject, spend_trim_subject, SPEND_SUBJECTS};
+use async_nats::jetstream::{self, stream::Stream};
+
+use crate::shard::trim_parts;
 
 use crate::telemetry::{SPEND_TRIMMED_BELOW, SPEND_TRIMMED_TOTAL};
 
+/// How long a trim waits for `SPEND_TRIMS` to take its mark.
+const MARK_TIMEOUT: Duration = Duration::from_secs(5);
+
 pub struct SpendTrim {
     stream: Stream,
+    /// Where the marks go (`SPEND_TRIMS`).
+    js: jetstream::Context,
     /// The shard's partitions; `None` for all of them (the only shard).
     partitions: Option<Vec<u32>>,
     /// Trimmed below this already (by this owner).
@@ -27,9 +37,10 @@ pub struct SpendTrim {
 }
 
 impl SpendTrim {
-    pub fn new(stream: Stream, partitions: Option<Vec<u32>>) -> SpendTrim {
+    pub fn new(stream: Stream, js: jetstream::Context, partitions: Option<Vec<u32>>) -> SpendTrim {
         SpendTrim {
             stream,
+            js,
             partitions,
             below: 0,
         }
@@ -41,6 +52,20 @@ impl SpendTrim {
     pub(crate) async fn trim(&mut self, shard: &str, oldest_kept: u64) {
         if oldest_kept <= self.below.max(1) {
             return;
+        }
+        // The mark first: a purge without one could read as a gap to a
+        // shard with no checkpoint; a mark without its purge costs nothing.
+        for part in trim_parts(self.partitions.as_deref()) {
+            if let Err(e) = self.mark(&part, oldest_kept).await {
+                tracing::warn!(
+                    shard,
+                    part,
+                    below = oldest_kept,
+                    error = %e,
+                    "SPEND trim not marked, so not done; the next checkpoint tries again"
+                );
+                return;
+            }
         }
         let filters: Vec<String> = match &self.partitions {
             Some(partitions) => partitions.iter().map(|p| spend_subject(*p)).collect(),
@@ -72,6 +97,20 @@ impl SpendTrim {
         metrics::counter!(SPEND_TRIMMED_TOTAL, "shard" => shard.to_string()).increment(purged);
         metrics::gauge!(SPEND_TRIMMED_BELOW, "shard" => shard.to_string()).set(oldest_kept as f64);
         tracing::debug!(shard, below = oldest_kept, purged, "SPEND trimmed");
+    }
+}
+
+impl SpendTrim {
+    /// Write to `SPEND_TRIMS` that `part` is trimmed below `below`.
+    async fn mark(&self, part: &str, below: u64) -> Result<(), async_nats::Error> {
+        let publish = async {
+            self.js
+                .publish(spend_trim_subject(part), below.to_string().into())
+                .await?
+                .await?;
+            Ok::<(), async_nats::Error>(())
+        };
+        tokio::time::timeout(MARK_TIMEOUT, publish).await?
     }
 }
 

@@ -3,7 +3,7 @@
 //! whenever it fails, and whenever the client has reconnected (a restarted
 //! server has lost the consumer, and the client's own recovery of it can
 //! take seconds). Before reading, the stream's bounds are checked against
-//! the restore point (DESIGN.md rule 4).
+//! the restore point ([`super::bounds`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,9 +18,10 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::bounds::{bounds, Bounds};
 use crate::apply::{Dirty, Incoming};
 use crate::error::Error;
-use crate::telemetry::{SPEND_SET_ASIDE_TOTAL, STREAM_INTEGRITY_ERRORS_TOTAL};
+use crate::telemetry::SPEND_SET_ASIDE_TOTAL;
 
 const INTEGRITY_CHECK: Duration = Duration::from_secs(2);
 /// How long without a message before an idle, caught-up consumer says its
@@ -32,84 +33,11 @@ const STALL: Duration = Duration::from_secs(2);
 /// Between tries to make a consumer while JetStream does not answer (a
 /// server still starting).
 const UNAVAILABLE_RETRY: Duration = Duration::from_millis(250);
-/// How long a stream state below the applied sequence must last before the
-/// log counts as gone backwards.
-const BACKWARDS_CONFIRM: Duration = Duration::from_secs(5);
-
-/// Refuse to go on where replay would silently skip or double count.
-/// Returns the stream's last sequence.
-pub(crate) async fn check_bounds(stream: &mut Stream, last_applied: u64) -> Result<u64, Error> {
-    let (mut first_seq, mut last_seq) = bounds(stream).await?;
-    // A JetStream cluster's stream leader that was just elected can answer
-    // from a store still applying entries it has committed: a view below
-    // what was already delivered. Only a shortfall that lasts is real.
-    let confirm_until = Instant::now() + BACKWARDS_CONFIRM;
-    while last_seq < last_applied && Instant::now() < confirm_until {
-        tracing::warn!(
-            last_seq,
-            last_applied,
-            "SPEND reports less than was applied; reading its state again before stopping"
-        );
-        tokio::time::sleep(BACKWARDS_CONFIRM / 10).await;
-        (first_seq, last_seq) = bounds(stream).await?;
-    }
-    let needed = last_applied + 1;
-    if last_seq < last_applied {
-        metrics::counter!(STREAM_INTEGRITY_ERRORS_TOTAL, "kind" => "log_backwards").increment(1);
-        tracing::error!(
-            last_seq,
-            last_applied,
-            "SPEND went back below what was applied; stopping"
-        );
-        return Err(Error::LogBackwards {
-            last_seq,
-            last_applied,
-        });
-    }
-    // An empty stream reports first = last + 1; nothing is missing then
-    // unless messages we still need were deleted. The shards' trims raise
-    // the first sequence past what a shard with quiet partitions needs;
-    // they never remove its last applied message, a loss of the head does.
-    if first_seq > needed && last_seq >= needed && !holds(stream, last_applied).await? {
-        metrics::counter!(STREAM_INTEGRITY_ERRORS_TOTAL, "kind" => "retention_gap").increment(1);
-        tracing::error!(
-            first_seq,
-            needed,
-            last_applied,
-            "SPEND lost messages not yet applied (retention gap); stopping"
-        );
-        return Err(Error::RetentionGap {
-            first_seq,
-            needed,
-            last_applied,
-        });
-    }
-    Ok(last_seq)
-}
-
-/// Whether `stream` still holds the message at `seq` (an applied one;
-/// never for 0, before anything was applied).
-async fn holds(stream: &Stream, seq: u64) -> Result<bool, Error> {
-    if seq == 0 {
-        return Ok(false);
-    }
-    match stream.get_raw_message(seq).await {
-        Ok(_) => Ok(true),
-        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(false),
-        Err(e) => Err(Error::consumer("read the last applied message")(e)),
-    }
-}
-
-async fn bounds(stream: &mut Stream) -> Result<(u64, u64), Error> {
-    let info = stream
-        .info()
-        .await
-        .map_err(Error::consumer("stream info"))?;
-    Ok((info.state.first_sequence, info.state.last_sequence))
-}
-
 pub(crate) struct Consumer {
     pub(crate) stream: Stream,
+    /// The stream's bounds against the position, checked at every
+    /// (re)creation and stall.
+    pub(crate) bounds: Bounds,
     /// Where undecodable messages are set aside (`DEADLETTER`).
     pub(crate) deadletters: async_nats::jetstream::Context,
     pub(crate) owned: Option<Vec<u32>>,
@@ -174,7 +102,7 @@ impl Consumer {
             // On every (re)creation: a stream that lost messages we still
             // need, or went back below what we applied, is a loud stop.
             if !first {
-                match check_bounds(&mut self.stream, self.next_seq - 1).await {
+                match self.bounds.check(self.next_seq - 1).await {
                     Ok(_) => {}
                     Err(e) if !e.is_retryable() => return Err(e),
                     Err(e) => tracing::warn!(error = %e, "SPEND bounds check failed; retrying"),
@@ -259,7 +187,7 @@ impl Consumer {
                 // server restart; a stream that lost data then simply goes
                 // quiet. Look at its bounds now and then.
                 _ = integrity.tick() => {
-                    match check_bounds(&mut self.stream, self.next_seq - 1).await {
+                    match self.bounds.check(self.next_seq - 1).await {
                         Err(e) if !e.is_retryable() => return Err(e),
                         Err(_) => {
                             reachable_since = Instant::now();
@@ -330,7 +258,7 @@ impl Consumer {
             && (self.owned.is_none() || last_gap_check.is_none_or(|t| t.elapsed() >= STALL))
         {
             *last_gap_check = Some(Instant::now());
-            match check_bounds(&mut self.stream, self.next_seq - 1).await {
+            match self.bounds.check(self.next_seq - 1).await {
                 Err(e) if !e.is_retryable() => return Err(e),
                 // Unreachable for now: the next message or tick looks again.
                 _ => {}

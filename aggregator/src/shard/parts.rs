@@ -86,10 +86,16 @@ pub(super) async fn start(opened: Opened, stop: &Stop) -> Result<Running, Error>
     let writer = spawn_writer(&opened.shard, writer, incoming_rx, failure.clone())?;
 
     nats::ensure_deadletter(&opened.js, opened.settings.stream_replicas).await?;
-    let trim = (opened.settings.spend_trim)
-        .then(|| SpendTrim::new(opened.stream.clone(), opened.partitions.clone()));
+    let trim = (opened.settings.spend_trim).then(|| {
+        SpendTrim::new(
+            opened.stream.clone(),
+            opened.js.clone(),
+            opened.partitions.clone(),
+        )
+    });
     let consumer = consume::Consumer {
         stream: opened.stream,
+        bounds: opened.bounds,
         deadletters: opened.js.clone(),
         owned: opened.partitions.clone(),
         next_seq: opened.last_applied + 1,

@@ -11,6 +11,7 @@ use async_nats::jetstream::{self, stream};
 use super::{
     ALERTS_DUPLICATE_WINDOW, ALERTS_PER_LIMIT, ALERTS_STREAM, ALERTS_SUBJECTS, DEADLETTER_STREAM,
     DEADLETTER_SUBJECTS, IMPRESSIONS_STREAM, IMPRESSIONS_SUBJECTS, SPEND_STREAM, SPEND_SUBJECTS,
+    SPEND_TRIMS_STREAM, SPEND_TRIMS_SUBJECTS,
 };
 use crate::config::RetentionArgs;
 use crate::error::{Error, Result};
@@ -229,6 +230,28 @@ pub async fn ensure_spend(js: &jetstream::Context, replicas: usize) -> Result<st
             storage: stream::StorageType::File,
             num_replicas: replicas,
             max_message_size: 8 * 1024 * 1024,
+            ..Default::default()
+        },
+        Existing::Keep,
+    )
+    .await
+}
+
+/// `SPEND_TRIMS`: below which sequence each part of `SPEND` was trimmed,
+/// the newest message of each subject only (one per partition at most).
+pub async fn ensure_spend_trims(
+    js: &jetstream::Context,
+    replicas: usize,
+) -> Result<stream::Stream> {
+    ensure(
+        js,
+        stream::Config {
+            name: SPEND_TRIMS_STREAM.into(),
+            subjects: vec![SPEND_TRIMS_SUBJECTS.into()],
+            storage: stream::StorageType::File,
+            num_replicas: replicas,
+            max_messages_per_subject: 1,
+            discard: stream::DiscardPolicy::Old,
             ..Default::default()
         },
         Existing::Keep,

@@ -3,13 +3,15 @@
 //! yet acknowledged stays however old ([`input`]); a byte cap refuses
 //! publishers and loses nothing ([`input`]); `SPEND` is trimmed below the
 //! oldest kept checkpoint and a restore from that checkpoint is exact
-//! ([`spend`]); streams an older version made get their limits at start,
-//! and `ALERTS` keeps every limit's last alert ([`streams`]).
+//! ([`spend`]); a trim is told from a lost head ([`trims`]); streams an
+//! older version made get their limits at start, and `ALERTS` keeps every
+//! limit's last alert ([`streams`]).
 
 mod input;
 mod spend;
 mod store;
 mod streams;
+mod trims;
 
 use std::time::Duration;
 

@@ -1,7 +1,8 @@
 //! `SPEND` trimmed below the oldest kept checkpoint: the trim never reads
 //! as a retention gap (a kill and a warm restart, exact), and a cold
 //! restore from the oldest base kept, replaying from its position through
-//! the trimmed stream, is exact too.
+//! the trimmed stream, is exact too; with the data directory lost whole,
+//! the restart stops at the gap instead of undercounting.
 
 use std::path::Path;
 use std::time::Duration;
@@ -148,8 +149,26 @@ async fn spend_trimmed_then_a_kill_and_a_cold_restore_from_the_oldest_base_are_e
     })
     .await
     .expect("no checkpoint after the cold restore");
+
+    // The data directory lost whole (record, snapshots, LMDB): starting
+    // from nothing would replay a trimmed stream and undercount. The
+    // trims' marks say so, and the aggregator stops naming the gap.
+    aggregator.kill();
+    std::fs::remove_dir_all(p.aggregator_dir()).expect("remove the data directory");
+    aggregator.restart();
+    let status = aggregator
+        .wait_for_exit(Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "it ran on a trimmed stream ({e}): {}",
+                aggregator.log_tail(20)
+            )
+        });
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    let tail = aggregator.log_tail(20);
+    assert!(tail.contains("retention gap"), "{tail}");
     println!(
-        "retention::spend: trimmed below {first_seq} (first sequence), kill and cold restore from the base at {seq} exact"
+        "retention::spend: trimmed below {first_seq} (first sequence), kill and cold restore from the base at {seq} exact; the data directory lost stops at the gap"
     );
-    p.aggregator = Some(aggregator);
 }

@@ -136,6 +136,8 @@ fn spawn_member(p: &Pipeline, port: u16, extra: &[(&str, &str)]) -> ServiceProce
         ("ADSPEND_AGGREGATOR_ID", "m1"),
         ("ADSPEND_LEASE_TTL_MS", "2000"),
         ("ADSPEND_DATA_DIR", data_dir.as_str()),
+        // The test removes SPEND's first messages itself.
+        ("ADSPEND_SPEND_TRIM", "off"),
     ];
     env.extend_from_slice(extra);
     p.spawn_with("aggregator", port, &env)
