@@ -41,7 +41,6 @@ use crate::store::Store;
 use crate::telemetry::ShardGauges;
 
 pub mod bounds;
-pub(crate) use bounds::trim_parts;
 pub(crate) mod consume;
 mod parts;
 

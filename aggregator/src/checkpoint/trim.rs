@@ -19,8 +19,6 @@ use std::time::Duration;
 use adspend_common::nats::{spend_subject, spend_trim_subject, SPEND_SUBJECTS};
 use async_nats::jetstream::{self, stream::Stream};
 
-use crate::shard::trim_parts;
-
 use crate::telemetry::{SPEND_TRIMMED_BELOW, SPEND_TRIMMED_TOTAL};
 
 /// How long a trim waits for `SPEND_TRIMS` to take its mark.
@@ -111,6 +109,15 @@ impl SpendTrim {
             Ok::<(), async_nats::Error>(())
         };
         tokio::time::timeout(MARK_TIMEOUT, publish).await?
+    }
+}
+
+/// The parts of `SPEND` a shard's trims are marked under: each partition,
+/// or `all` for the only shard.
+pub fn trim_parts(owned: Option<&[u32]>) -> Vec<String> {
+    match owned {
+        Some(partitions) => partitions.iter().map(|p| p.to_string()).collect(),
+        None => vec!["all".to_string()],
     }
 }
 

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use adspend_common::nats::spend_trim_subject;
 use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
 
+use crate::checkpoint::trim::trim_parts;
 use crate::error::Error;
 use crate::telemetry::STREAM_INTEGRITY_ERRORS_TOTAL;
 
@@ -115,15 +116,6 @@ impl Bounds {
             .await
             .map_err(Error::consumer("SPEND_TRIMS info"))?;
         Ok(info.state.messages > 0)
-    }
-}
-
-/// The parts of `SPEND` a shard's trims are marked under: each partition,
-/// or `all` for the only shard.
-pub fn trim_parts(owned: Option<&[u32]>) -> Vec<String> {
-    match owned {
-        Some(partitions) => partitions.iter().map(|p| p.to_string()).collect(),
-        None => vec!["all".to_string()],
     }
 }
 
