@@ -58,7 +58,19 @@ async fn wait_lifetime(p: &Pipeline, limit: &str, micros: u64) {
         },
     )
     .await
-    .expect("the pacer shows the lifetime spend");
+    .unwrap_or_else(|e| {
+        let tail = |process: &Option<ServiceProcess>| {
+            process
+                .as_ref()
+                .map_or_else(|| "not running".to_string(), |p| p.log_tail(25))
+        };
+        panic!(
+            "the pacer does not show the lifetime spend: {e:#}\naggregator:\n{}\nlimiter:\n{}\npacer:\n{}",
+            tail(&p.aggregator),
+            tail(&p.limiter),
+            tail(&p.pacer)
+        )
+    });
 }
 
 /// Period sums (limit, bucket) → micros and lifetime sums of the stopped

@@ -10,9 +10,12 @@ use crate::pacing::controller::{baseline_step, Algorithm, Gains, Observation};
 use crate::pacing::state::{Pacing, Point, SpendState};
 
 /// Most points kept per limit; when full, every other point is dropped, so
-/// the history always spans the whole period at a coarser resolution.
+/// the history always spans the whole period at a coarser resolution. At a
+/// point every 10 s the history fills in 2 hours; its buffer is taken whole
+/// at the first point, so it never grows past this by doubling.
 const HISTORY_POINTS: usize = 720;
-/// Limits with a history (the memory bound of the dashboard's charts).
+/// Limits with a history (the memory bound of the dashboard's charts:
+/// 10,000 × 720 points × 32 bytes, about 230 MB; docs/RETENTION.md).
 const HISTORY_LIMITS: usize = 10_000;
 
 /// Advance every daily limit's controller to `now`; record history points.
@@ -95,7 +98,10 @@ pub fn tick(
                     keep
                 });
             }
-            with_history += usize::from(pacing.history.is_empty());
+            if pacing.history.is_empty() {
+                with_history += 1;
+                pacing.history.reserve_exact(HISTORY_POINTS);
+            }
             pacing.history.push(Point {
                 t: now_ms,
                 spend_micros: spend,
@@ -156,5 +162,50 @@ mod tests {
         let v = view(limit, &state, now + chrono::Duration::minutes(10));
         assert!(v.pacing.multiplier < 0.5, "{}", v.pacing.multiplier);
         assert_eq!(state.pacing["d"].history.len(), 10);
+    }
+
+    #[test]
+    fn a_history_never_holds_more_than_its_points_nor_grows_its_buffer() {
+        let catalog = Catalog::parse(
+            "t",
+            br#"{"limits":{"d":{"budget_micros":1000000,"period":"daily"}}}"#,
+        )
+        .unwrap();
+        let start = Utc.with_ymd_and_hms(2026, 11, 21, 0, 0, 1).unwrap();
+        let mut state = SpendState::default();
+        let today = catalog
+            .limit("d")
+            .unwrap()
+            .bucket_of(start.timestamp_millis());
+        push(
+            &mut state,
+            "d",
+            vec![(today, 1)],
+            1,
+            1,
+            start.timestamp_millis(),
+        );
+        // Three and a half fills at a point every 10 s (under 10 hours).
+        for i in 0..(HISTORY_POINTS as i64 * 7 / 2) {
+            let now = start + chrono::Duration::seconds(10 * i);
+            tick(
+                &mut state,
+                &catalog,
+                now,
+                1.0 / 6.0,
+                true,
+                &Gains::default(),
+            );
+            let history = &state.pacing["d"].history;
+            assert!(history.len() <= HISTORY_POINTS, "{} points", history.len());
+            assert_eq!(history.capacity(), HISTORY_POINTS, "after {i} ticks");
+        }
+        let history = &state.pacing["d"].history;
+        assert!(history.len() > HISTORY_POINTS / 2);
+        assert_eq!(
+            history[0].t,
+            start.timestamp_millis(),
+            "still spans the period"
+        );
     }
 }
