@@ -14,7 +14,8 @@
 //! - [`Renewer`]: renews the book's leases in batches in the background at
 //!   a low-water mark, and releases at shutdown.
 //! - [`Publisher`]: impressions to `impressions.<source>` on JetStream in
-//!   batches with acks, a bounded buffer (backpressure), retries that the
+//!   batches (the binary batch format by default, NDJSON on request:
+//!   [`BatchFormat`]) with acks, a bounded buffer (backpressure), retries that the
 //!   impression ids make harmless, a flush at close that says what could
 //!   not be delivered.
 //!
@@ -47,5 +48,5 @@ pub use api::{Decision, Grant, LeaseAsk, Limit, Release, Released};
 pub use book::{Ask, LeaseBook, LeasePolicy, PolicyError, Refusal};
 pub use error::Error;
 pub use pacer::{Pacer, PacerConfig, Retry};
-pub use publish::{Closed, Impression, PublishReport, Publisher, PublisherConfig};
+pub use publish::{BatchFormat, Closed, Impression, PublishReport, Publisher, PublisherConfig};
 pub use renew::{RenewStats, Renewer, MAX_ADS_PER_REQUEST};
