@@ -4,7 +4,8 @@
 //! `cargo build --release --workspace --bins`, or run `scripts/bench.sh`.
 //!
 //! One module per section: `state` (apply, checkpoint), `e2e`, `peers`,
-//! `recovery`; each adds its rows to the table.
+//! `recovery`, `publisher` (the client crate's); each adds its rows to the
+//! table.
 
 mod deltas;
 mod e2e;
@@ -12,6 +13,7 @@ mod fair;
 mod leases;
 mod pacing;
 mod peers;
+mod publisher;
 mod recovery;
 mod scale;
 mod soak;
@@ -47,6 +49,9 @@ enum Section {
     /// Every store and process over a long steady run (not in the default
     /// list).
     Soak,
+    /// The client crate's publisher into durable NATS (not in the default
+    /// list).
+    Publisher,
 }
 
 #[derive(Parser)]
@@ -242,6 +247,15 @@ struct Args {
     /// Seconds of each leases run.
     #[arg(long, default_value_t = 10)]
     leases_secs: u64,
+    /// Impressions of each publisher run.
+    #[arg(long, default_value_t = 2_000_000)]
+    publisher_impressions: u64,
+    /// Impressions per message of the publisher runs.
+    #[arg(long, default_value_t = 1_000)]
+    publisher_batch: usize,
+    /// Batch formats of the publisher runs, comma-separated (binary, ndjson).
+    #[arg(long, value_delimiter = ',', default_value = "binary,ndjson")]
+    publisher_formats: Vec<String>,
     /// Shards pushing sums at once in the `pushes` attack, each every 20 ms.
     #[arg(long, default_value_t = 64)]
     attack_push_shards: usize,
@@ -336,6 +350,7 @@ async fn run(args: &Args) -> anyhow::Result<Table> {
             Section::Scale => scale::scaling(args, &mut table).await?,
             Section::Leases => leases::grants(args, &mut table).await?,
             Section::Soak => soak::soak(args, &mut table).await?,
+            Section::Publisher => publisher::publisher(args, &mut table).await?,
         }
     }
     Ok(table)
