@@ -56,8 +56,8 @@ echo "test: cargo deny check ${deny_checks[*]}"
 # with them compiled in (inert unless a test arms one; release builds have none).
 features=(--features adspend-tests/failpoints)
 phase build
-echo "test: building service binaries (the integration suite runs them as processes)"
-cargo build --workspace --bins "${features[@]}"
+echo "test: building service binaries and examples (the integration suite runs them as processes)"
+cargo build --workspace --bins --examples "${features[@]}"
 # A short fuzzing pass of every target (docs/FUZZING.md); a finding fails the
 # run but the tests still run. ADSPEND_SKIP_FUZZ=1 leaves it out.
 fuzz_status=0

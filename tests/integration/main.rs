@@ -7,6 +7,7 @@ mod catalog_watch;
 mod chaos;
 mod checkpoint_record;
 mod client;
+mod client_example;
 mod closed_loop;
 mod closed_periods;
 mod cluster;
