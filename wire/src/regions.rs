@@ -40,9 +40,11 @@
 //! them (merging its own last report back restores them); `seq` grows
 //! across restarts.
 
+mod ledger;
 mod name;
 mod report;
 
+pub use ledger::{initial_share, Heard, LimitLedger, Merged, Origin};
 pub use name::{RegionError, RegionName, MAX_REGION_NAME_LEN};
 pub use report::{
     LimitEntry, RegionReport, LIFETIME_PERIOD_START_MS, MAX_REGIONS, MAX_REPORT_BYTES,
