@@ -43,6 +43,8 @@
 mod ledger;
 mod name;
 mod report;
+#[cfg(test)]
+mod sim_tests;
 
 pub use ledger::{initial_share, Heard, LimitLedger, Merged, Origin};
 pub use name::{RegionError, RegionName, MAX_REGION_NAME_LEN};

@@ -204,7 +204,7 @@ fn global_spend_adds_the_last_heard_of_every_region() {
 }
 
 #[test]
-fn other_periods_regions_and_limits() {
+fn ignores_older_periods_unknown_regions_other_limits_and_follows_newer_periods() {
     let mut west = ledger("west", 300);
     west.give(&name("east"), 10, 0, 0);
     let mut east = ledger("east", 300);
