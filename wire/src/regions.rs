@@ -25,8 +25,14 @@
 //! all regions add up to at most the budget; when every region has heard
 //! every other's latest report, exactly to it. Budget in transit (debited
 //! at the giver, not yet credited at the receiver) is stranded for a
-//! while, never doubled. [`LimitLedger::plan_gifts`] decides who gets what
-//! from the `want_micros` the others report.
+//! while, never doubled.
+//!
+//! **Who gets what.** Each region reports its unmet demand (`want_micros`)
+//! and what it has credited of every giver (`received`).
+//! [`LimitLedger::plan_gifts`] keeps the larger of a reserve (a per-mille
+//! of the allotment) and the region's own unmet demand, and gives the rest
+//! of its room to the regions that want, less what is still in transit to
+//! them: all of each need if the spare covers them, else in proportion.
 //!
 //! **Reports.** Every region publishes its state as a [`RegionReport`];
 //! receivers [`merge`](LimitLedger::merge) it by taking the maximum of each
@@ -35,10 +41,13 @@
 //! twice. A newer period replaces an older one; counters restart at 0.
 //!
 //! What this module assumes of its caller: every region has the same region
-//! set and (but for the moments while a catalog edit spreads) the same
-//! budget; a region keeps its `given` counters durably before publishing
-//! them (merging its own last report back restores them); `seq` grows
-//! across restarts.
+//! set and the same budget (while a catalog edit spreads, regions split
+//! different budgets; a lowered budget can leave a region's allotment below
+//! what it already granted, and its room is then 0); a region keeps its `given` counters durably before
+//! publishing them (merging its own last report back restores them);
+//! `seq` grows across restarts; when a ledger moves to a newer period
+//! ([`Merged::NewPeriod`] or [`LimitLedger::roll_to`]) the caller's own
+//! spend and leases passed to it are those of that period.
 
 mod ledger;
 mod name;
