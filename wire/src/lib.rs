@@ -11,7 +11,9 @@
 //! [`dead_letter`] is the bounded record of a rejected entry on `DEADLETTER`. [`catalog`] parses and validates the budget catalog and
 //! does the period arithmetic the limiter and the pacer must agree on. [`lease`]
 //! is the format of spend lease ids and the key a lease's spend is summed
-//! under.
+//! under. [`regions`] splits a limit's budget among the regions of a
+//! deployment and is the report they exchange to move it where the demand
+//! is.
 //! Errors are [`Error`].
 //!
 //! Every crate imports these modules from here (`adspend-common` holds the
@@ -25,6 +27,7 @@ pub mod dead_letter;
 mod error;
 pub mod impression;
 pub mod lease;
+pub mod regions;
 pub mod source_report;
 pub mod types;
 
