@@ -223,3 +223,22 @@ fn left_at_sums_the_usable_leases_at_that_clock_and_changes_nothing() {
     let _ = quiet.left_at("other", 0);
     assert!(quiet.plan_at(0).is_empty());
 }
+
+#[test]
+fn policies_are_checked_against_the_contract_and_themselves() {
+    let ok = LeasePolicy::default();
+    ok.validate().unwrap();
+    let bad = |f: fn(&mut LeasePolicy)| {
+        let mut p = ok;
+        f(&mut p);
+        assert_eq!(LeaseBook::new(p).unwrap_err(), p.validate().unwrap_err());
+        p.validate().unwrap_err().to_string()
+    };
+    assert!(bad(|p| p.ttl = Duration::from_millis(999)).contains("ttl"));
+    assert!(bad(|p| p.ttl = Duration::from_millis(600_001)).contains("ttl"));
+    assert!(bad(|p| p.ttl = Duration::from_micros(30_000_500)).contains("ttl"));
+    assert!(bad(|p| p.margin = Duration::from_millis(15_001)).contains("margin"));
+    assert!(bad(|p| p.ask_share = 0.0).contains("ask_share"));
+    assert!(bad(|p| p.ask_share = 1.5).contains("ask_share"));
+    assert!(bad(|p| p.lead = Duration::from_secs(29)).contains("lead"));
+}

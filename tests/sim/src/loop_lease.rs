@@ -11,9 +11,12 @@
 //! the book the expected spend of each requested ad ([`LeaseBook::want`]:
 //! its request rate times the mean cost seen, at least the highest cost of
 //! the loop's distribution), so an ad is leased in the tick of its first
-//! request; it sends at most one batch of asks a tick, requests waiting
-//! without a lease first; and in "leases unreleased" mode it drops the
-//! releases instead of sending them. Every call takes the server's clock
+//! request; it leases an ad without a request this tick ahead only when it
+//! expects a request within what one ask covers (the book, whose demand is
+//! in micros, would lease ahead any ad it has seen for half a minute); it
+//! sends at most one batch of asks a tick, requests waiting without a
+//! lease first; and in "leases unreleased" mode it drops the releases
+//! instead of sending them. Every call takes the server's clock
 //! (unix ms), so the adapter is tested without a pacer or a timer.
 
 use std::collections::HashMap;
@@ -182,11 +185,12 @@ impl ServerLeases {
         self.costs += 1;
     }
 
-    /// The asks to send now ([`LeaseBook::plan_at`]), at most `max`:
-    /// requested ads (`requested`, sorted) holding nothing usable first,
-    /// then the largest asks; in the catalog's order. An ask left out is
-    /// handed back to the book ([`LeaseBook::ask_failed`]), to be planned
-    /// again next tick.
+    /// The asks to send now ([`LeaseBook::plan_at`]), at most `max`, in
+    /// the catalog's order: those of requested ads (`requested`, sorted)
+    /// holding nothing usable first, then the largest. An ad not requested
+    /// now is asked for only if it expects a request within the seconds
+    /// one ask covers. An ask left out is handed back to the book
+    /// ([`LeaseBook::ask_failed`]), to be planned again next tick.
     pub(crate) fn asks(
         &self,
         requested: &[u32],
@@ -194,17 +198,19 @@ impl ServerLeases {
         max: usize,
         now_ms: i64,
     ) -> Vec<Ask> {
-        let mut asks: Vec<(bool, u32, Ask)> = self
-            .book
-            .plan_at(now_ms)
-            .into_iter()
-            .map(|ask| {
-                let ad = ad_by_id[&*ask.ad_id];
-                let waiting = requested.binary_search(&ad).is_ok()
-                    && self.book.left_at(&ask.ad_id, now_ms) == 0;
-                (waiting, ad, ask)
-            })
-            .collect();
+        let policy = self.book.policy();
+        let ask_secs = policy.ttl.saturating_sub(policy.margin).as_secs_f64() * policy.ask_share;
+        let mut asks: Vec<(bool, u32, Ask)> = Vec::new();
+        for ask in self.book.plan_at(now_ms) {
+            let ad = ad_by_id[&*ask.ad_id];
+            let now = requested.binary_search(&ad).is_ok();
+            if !now && self.rate_at(ad, now_ms) * ask_secs < 1.0 {
+                self.book.ask_failed(&ask.ad_id);
+                continue;
+            }
+            let waiting = now && self.book.left_at(&ask.ad_id, now_ms) == 0;
+            asks.push((waiting, ad, ask));
+        }
         asks.sort_by(|(aw, a, am), (bw, b, bm)| {
             bw.cmp(aw).then(bm.micros.cmp(&am.micros)).then(a.cmp(b))
         });

@@ -186,3 +186,21 @@ fn lease_modes_are_checked_by_the_crate_s_policy() {
     assert!(bad(|p| p.lead = Duration::from_secs(9)).contains("lead"));
     assert_eq!(mode().ttl_ms(), 10_000);
 }
+
+#[test]
+fn an_ad_without_a_request_now_is_leased_ahead_only_if_it_expects_one_within_an_ask() {
+    let (ids, by_id) = ids(2);
+    let mut l = leases(mode(), 2);
+    // Ad 0 had one request (half a request a second over the 2 s window:
+    // two within the 4.5 s an ask covers), ad 1 one request 4 s earlier
+    // (about 0.07 a second: less than one within an ask).
+    l.note_requests(&[1], &ids, T0 - 4_000);
+    l.note_requests(&[0], &ids, T0);
+    let asks = l.asks(&[], &by_id, 10, T0);
+    assert_eq!(ads_of(&asks), ["ad-0"]);
+    l.book().ask_failed("ad-0");
+    // Ad 1's ask was handed back, not dropped: a request brings it back.
+    let requested = l.note_requests(&[1], &ids, T0 + 100);
+    let asks = l.asks(&requested, &by_id, 10, T0 + 100);
+    assert_eq!(ads_of(&asks), ["ad-0", "ad-1"]);
+}
