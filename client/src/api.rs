@@ -90,3 +90,104 @@ pub struct Decision {
 pub(crate) struct Decisions {
     pub(crate) decisions: Vec<Decision>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_request_is_the_contract_s_json() {
+        let asks = [
+            LeaseAsk {
+                ad_id: "ad-1",
+                micros: 2_000_000,
+            },
+            LeaseAsk {
+                ad_id: "ad-\"2",
+                micros: 1,
+            },
+        ];
+        let body = LeaseRequest {
+            ads: &asks,
+            ttl_ms: 30_000,
+        };
+        assert_eq!(
+            serde_json::to_value(&body).unwrap(),
+            serde_json::json!({
+                "ads": [
+                    {"ad_id": "ad-1", "micros": 2_000_000},
+                    {"ad_id": "ad-\"2", "micros": 1}
+                ],
+                "ttl_ms": 30_000
+            })
+        );
+    }
+
+    #[test]
+    fn grants_are_read_as_the_contract_writes_them() {
+        let body = r#"{"leases": [
+            {"ad_id": "ad-1", "lease_id": "01J9Z", "granted_micros": 1500000, "expires_at_ms": 1800000030000},
+            {"ad_id": "ad-2", "granted_micros": 0, "expires_at_ms": 1800000030000, "reason": "exhausted"}
+        ]}"#;
+        let answer: Grants = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            answer.leases,
+            [
+                Grant {
+                    ad_id: "ad-1".into(),
+                    lease_id: Some("01J9Z".into()),
+                    granted_micros: 1_500_000,
+                    expires_at_ms: 1_800_000_030_000,
+                },
+                Grant {
+                    ad_id: "ad-2".into(),
+                    lease_id: None,
+                    granted_micros: 0,
+                    expires_at_ms: 1_800_000_030_000,
+                }
+            ]
+        );
+        // A grant without its amount or expiry is not an answer.
+        for broken in [
+            r#"{"leases": [{"ad_id": "ad-1", "lease_id": "x", "expires_at_ms": 1}]}"#,
+            r#"{"leases": [{"ad_id": "ad-1", "lease_id": "x", "granted_micros": 1}]}"#,
+        ] {
+            assert!(serde_json::from_str::<Grants>(broken).is_err(), "{broken}");
+        }
+    }
+
+    #[test]
+    fn a_release_and_its_answer_are_the_contract_s_json() {
+        let releases = [Release {
+            lease_id: "a.1.0".into(),
+            served_micros: 5,
+        }];
+        let body = ReleaseRequest { leases: &releases };
+        assert_eq!(
+            serde_json::to_value(&body).unwrap(),
+            serde_json::json!({"leases": [{"lease_id": "a.1.0", "served_micros": 5}]})
+        );
+        let answer: ReleasedAll = serde_json::from_str(
+            r#"{"leases": [
+                {"lease_id": "a.1.0", "released": false, "held_micros": 0},
+                {"lease_id": "a.2.0", "released": true}
+            ]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            answer.leases,
+            [
+                Released {
+                    lease_id: "a.1.0".into(),
+                    released: false,
+                    held_micros: 0
+                },
+                Released {
+                    lease_id: "a.2.0".into(),
+                    released: true,
+                    held_micros: 0
+                }
+            ]
+        );
+    }
+}

@@ -226,13 +226,20 @@ impl LeaseBook {
 
     /// What is left of `ad_id`'s usable leases now.
     pub fn left(&self, ad_id: &str) -> u64 {
+        self.left_at(ad_id, now_ms())
+    }
+
+    /// [`LeaseBook::left`] at a given clock (unix ms): what the ad's leases
+    /// not yet within the margin of their expiry have left. Lets nothing go
+    /// and counts no demand.
+    pub fn left_at(&self, ad_id: &str, now_ms: i64) -> u64 {
         let margin = self.inner.policy.margin_ms();
         self.shard(ad_id)
             .read()
             .expect("book shard")
             .get(ad_id)
             .map_or(0, |e| {
-                e.lock().expect("ad leases").usable_left(now_ms(), margin)
+                e.lock().expect("ad leases").usable_left(now_ms, margin)
             })
     }
 

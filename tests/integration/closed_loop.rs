@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use adspend_harness::NatsOptions;
 use adspend_sim::{
-    loop_watch, run_closed_loop, Catalog, CostDistribution, LeasePolicy, Limit, LoopConfig, Period,
+    loop_watch, run_closed_loop, Catalog, CostDistribution, LeaseMode, Limit, LoopConfig, Period,
     ServeMode,
 };
 use tokio_util::sync::CancellationToken;
@@ -220,10 +220,7 @@ async fn servers_that_lease_never_take_a_limit_over_its_budget_whatever_the_dela
     ));
     p.wait_pacer().await;
     let config = LoopConfig {
-        mode: ServeMode::Leases(LeasePolicy {
-            ttl: Duration::from_secs(3),
-            ..LeasePolicy::default()
-        }),
+        mode: ServeMode::Leases(LeaseMode::with_ttl(Duration::from_secs(3))),
         publish_delay: Duration::from_secs(2),
         ..tight_loop(p.pacer_url(), 6)
     };

@@ -197,3 +197,48 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn left_at_sums_the_usable_leases_at_that_clock_and_changes_nothing() {
+    let b = book();
+    assert_eq!(b.left_at("ad", 0), 0, "an ad the book has never seen");
+    b.install(&grant("ad", "a", 10_000, 30_000), 0);
+    b.install(&grant("ad", "b", 5_000, 60_000), 0);
+    b.try_spend_at("ad", 4_000, 0).unwrap();
+    assert_eq!(b.left_at("ad", 0), 11_000, "both leases: 6,000 + 5,000");
+    // Within the margin of "a"'s expiry only "b" counts, and asking lets
+    // nothing go: "a" is still released by the next sweep, with what it paid.
+    assert_eq!(b.left_at("ad", 30_000 - MARGIN_MS), 5_000);
+    assert_eq!(b.left_at("ad", 60_000 - MARGIN_MS), 0);
+    assert_eq!(b.left_at("ad", 0), 11_000);
+    assert_eq!(
+        b.take_releases(30_000),
+        vec![Release {
+            lease_id: "a".into(),
+            served_micros: 4_000
+        }]
+    );
+    // Not demand: a book asked only about what is left plans nothing.
+    let quiet = book();
+    let _ = quiet.left_at("other", 0);
+    assert!(quiet.plan_at(0).is_empty());
+}
+
+#[test]
+fn policies_are_checked_against_the_contract_and_themselves() {
+    let ok = LeasePolicy::default();
+    ok.validate().unwrap();
+    let bad = |f: fn(&mut LeasePolicy)| {
+        let mut p = ok;
+        f(&mut p);
+        assert_eq!(LeaseBook::new(p).unwrap_err(), p.validate().unwrap_err());
+        p.validate().unwrap_err().to_string()
+    };
+    assert!(bad(|p| p.ttl = Duration::from_millis(999)).contains("ttl"));
+    assert!(bad(|p| p.ttl = Duration::from_millis(600_001)).contains("ttl"));
+    assert!(bad(|p| p.ttl = Duration::from_micros(30_000_500)).contains("ttl"));
+    assert!(bad(|p| p.margin = Duration::from_millis(15_001)).contains("margin"));
+    assert!(bad(|p| p.ask_share = 0.0).contains("ask_share"));
+    assert!(bad(|p| p.ask_share = 1.5).contains("ask_share"));
+    assert!(bad(|p| p.lead = Duration::from_secs(29)).contains("lead"));
+}

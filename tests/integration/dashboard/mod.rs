@@ -202,7 +202,7 @@ async fn wait_for_history(url: &str, limit_id: &str) -> HistoryState {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes docs/dashboard.png; run by hand after changing the dashboard"]
 async fn dashboard_screenshot() {
-    use adspend_sim::{run_closed_loop, CostDistribution, LeasePolicy, LoopConfig, ServeMode};
+    use adspend_sim::{run_closed_loop, CostDistribution, LeaseMode, LoopConfig, ServeMode};
     let chromium = chromium_binary();
     let mut catalog =
         adspend_sim::generate_catalog(&adspend_sim::CatalogSpec::for_ads(1000), 7).unwrap();
@@ -234,10 +234,7 @@ async fn dashboard_screenshot() {
             min: 100_000,
             max: 1_900_000,
         },
-        mode: ServeMode::Leases(LeasePolicy {
-            ttl: Duration::from_secs(3),
-            ..LeasePolicy::default()
-        }),
+        mode: ServeMode::Leases(LeaseMode::with_ttl(Duration::from_secs(3))),
         seed: 7,
         ..LoopConfig::default()
     };

@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 
 use super::{
-    BadKind, CatalogSpec, CostDistribution, EventTime, InputFormat, LeasePolicy, LoopConfig,
+    BadKind, CatalogSpec, CostDistribution, EventTime, InputFormat, LeaseMode, LoopConfig,
     LoopProgress, Progress, ServeMode, SimConfig, Stats,
 };
 
@@ -224,12 +224,13 @@ impl ServeArgs {
     pub fn serve_mode(&self) -> ServeMode {
         match self.mode {
             ModeArg::Decisions => ServeMode::Decisions,
-            ModeArg::Leases => ServeMode::Leases(LeasePolicy {
-                ttl: Duration::from_millis(self.lease_ttl_ms),
-                margin: Duration::from_millis(self.lease_margin_ms),
-                ask_share: self.lease_ask_share,
-                release: self.lease_release,
-            }),
+            ModeArg::Leases => {
+                let mut mode = LeaseMode::with_ttl(Duration::from_millis(self.lease_ttl_ms));
+                mode.policy.margin = Duration::from_millis(self.lease_margin_ms);
+                mode.policy.ask_share = self.lease_ask_share;
+                mode.release = self.lease_release;
+                ServeMode::Leases(mode)
+            }
         }
     }
 }

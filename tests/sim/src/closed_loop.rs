@@ -6,12 +6,15 @@
 //! - decisions: asks `POST /v1/decisions` for the requested ads in batches
 //!   (as a bidder would), and serves an ad only when the pacer says it is
 //!   servable, with probability equal to its multiplier;
-//! - leases: holds at most two spend leases per ad, the newest and the one
-//!   it replaced, spent first (`POST /v1/leases`, [`super::loop_lease`]),
-//!   leased ahead in one call per tick, and serves a request only when its
-//!   cost fits what is left of one of the ad's leases before that lease's
-//!   expiry (less a margin); every impression carries its `lease_id`, and
-//!   nothing is ever served outside a lease.
+//! - leases: keeps its spend leases in the client crate's `LeaseBook` (at
+//!   most two per ad, the newest and the one it replaced, spent first;
+//!   [`super::loop_lease`]), leases ahead what the book plans in one
+//!   `POST /v1/leases` per tick, and serves a request only when
+//!   `try_spend_at` takes its cost out of one of the ad's leases before
+//!   that lease's expiry (less a margin); every impression carries its
+//!   `lease_id`, nothing is ever served outside a lease, and the leases
+//!   let go with something left (all of them when the run ends) are
+//!   released unless the mode says not to.
 //!
 //! Served impressions go to the publisher ([`super::loop_publish`]), which
 //! may hold each one back by `publish_delay` before it reaches JetStream
@@ -428,10 +431,7 @@ mod tests {
         };
         assert!(bad.validate().is_err());
         let bad = LoopConfig {
-            mode: ServeMode::Leases(crate::loop_lease::LeasePolicy {
-                ttl: Duration::from_millis(500),
-                ..Default::default()
-            }),
+            mode: ServeMode::Leases(crate::LeaseMode::with_ttl(Duration::from_millis(500))),
             ..LoopConfig::default()
         };
         assert!(bad.validate().unwrap_err().to_string().contains("ttl"));

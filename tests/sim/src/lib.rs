@@ -8,7 +8,8 @@
 //!
 //! The closed loop: `closed_loop` runs simulated ad servers
 //! (`loop_server`) that ask the pacer before they serve, by decisions or by
-//! spend leases (`loop_lease`); `loop_publish` publishes what they served
+//! spend leases (`loop_lease`: the client crate's lease book, fed the
+//! simulator's demand); `loop_publish` publishes what they served
 //! and books it into the truth once acknowledged; `loop_watch` polls the
 //! pacer meanwhile.
 
@@ -28,12 +29,13 @@ pub mod truth;
 
 use std::time::Duration;
 
+pub use adspend_client::LeasePolicy;
 pub use catalog::{generate_catalog, Catalog, CatalogSpec, Limit, Period, MAX_ID_BYTES, ZONES};
 pub use closed_loop::{
     run_closed_loop, AdRecord, LeaseCounts, LoopConfig, LoopOutcome, LoopProgress, Traffic,
 };
 pub use event::{BadKind, CostDistribution, EventTime, InputFormat};
-pub use loop_lease::{LeasePolicy, ServeMode};
+pub use loop_lease::{LeaseMode, ServeMode, LEAD};
 pub use publish::{ensure_stream, run, run_with_progress, Progress};
 pub use truth::{
     day_key, differences, local_date, Impression, LimitTruth, Recorded, Stats, Truth, TruthBuilder,

@@ -32,8 +32,7 @@ pub(crate) struct Served {
     pub(crate) ts: i64,
     /// When it may be published.
     pub(crate) due: Instant,
-    /// The lease it was served under, as a JSON string literal (lease
-    /// mode only).
+    /// The id of the lease it was served under (lease mode only).
     pub(crate) lease: Option<Arc<str>>,
 }
 
@@ -52,7 +51,8 @@ pub(crate) fn write_impression(
         s.cost, s.ts
     );
     if let Some(lease) = &s.lease {
-        let _ = write!(out, r#","lease_id":{lease}"#);
+        out.push_str(r#","lease_id":"#);
+        out.push_str(&serde_json::to_string(&**lease).expect("a string"));
     }
     out.push_str("}\n");
 }
@@ -185,7 +185,7 @@ mod tests {
             cost: 1_500_000,
             ts: 1_800_000_000_123,
             due: Instant::now(),
-            lease: lease.map(|id| serde_json::to_string(id).unwrap().into()),
+            lease: lease.map(Into::into),
         }
     }
 

@@ -1,8 +1,11 @@
 //! One simulated ad server of the closed loop ([`super::closed_loop`]):
 //! each tick it draws the requests that arrived from the traffic curve,
 //! then, by decisions, asks the pacer about their ads in batches and serves
-//! what it may; by leases, leases ahead what its book wants in one call
-//! ([`super::loop_lease`]) and serves what its leases can pay for.
+//! what it may; by leases, notes the requests in the client crate's lease
+//! book ([`super::loop_lease`]), leases ahead what the book plans in one
+//! call (the crate's [`Pacer`]), serves what
+//! [`LeaseBook::try_spend_at`](adspend_client::LeaseBook::try_spend_at)
+//! lets it, and releases what the book let go.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -18,10 +21,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::closed_loop::{hour_of, AdRecord, Counters, LoopConfig};
-use super::loop_lease::{
-    Granted, LeaseAsk, LeaseBook, LeaseGrant, LeasePolicy, LeaseRelease, LeaseRequest,
-    LeaseResponse, ReleaseRequest, ReleaseResponse, ServeMode,
-};
+use adspend_client::api::{Grant, LeaseAsk, Release};
+use adspend_client::{Ask, Pacer, PacerConfig, Retry};
+
+use super::loop_lease::{LeaseMode, ServeMode, ServerLeases};
 use super::loop_publish::Served;
 use super::truth::CatalogIndex;
 use super::CostDistribution;
@@ -50,8 +53,8 @@ pub(crate) struct Server {
     tx: mpsc::UnboundedSender<Served>,
     records: Vec<AdRecord>,
     failures: u32,
-    /// Lease mode only.
-    leases: Option<LeaseBook>,
+    /// Lease mode only: the book and the pacer it leases from.
+    leases: Option<(ServerLeases, Pacer)>,
 }
 
 impl Server {
@@ -88,10 +91,10 @@ impl Server {
             failures: 0,
             leases: match config.mode {
                 ServeMode::Decisions => None,
-                // A new lease arrives within about two ticks of the ask.
-                ServeMode::Leases(policy) => {
-                    Some(LeaseBook::new(policy, &config.cost, ads, config.tick * 2))
-                }
+                ServeMode::Leases(mode) => Some((
+                    ServerLeases::new(mode, &config.cost, ads)?,
+                    lease_pacer(&config)?,
+                )),
             },
         })
     }
@@ -123,8 +126,8 @@ impl Server {
             }
             self.counters.requests.fetch_add(requests as u64, Relaxed);
             let ads: Vec<u32> = (0..requests).map(|_| self.sample_ad()).collect();
-            if let ServeMode::Leases(policy) = self.config.mode {
-                if stop.is_cancelled() || !self.lease_and_serve(&ads, policy).await {
+            if let ServeMode::Leases(mode) = self.config.mode {
+                if stop.is_cancelled() || !self.lease_and_serve(&ads, mode).await {
                     self.counters.unasked.fetch_add(ads.len() as u64, Relaxed);
                 }
                 continue;
@@ -136,6 +139,9 @@ impl Server {
                     break;
                 }
             }
+        }
+        if self.leases.is_some() {
+            self.release_all().await;
         }
         self.records
     }
@@ -206,48 +212,63 @@ impl Server {
     }
 
     /// Lease mode's tick: notes the requests, leases ahead what the book
-    /// wants (one call), then serves each request its ad's lease can pay
+    /// plans (one call), then serves each request its ad's leases can pay
     /// for. False (after backing off) when the pacer could not be asked:
     /// then nothing of this tick is served.
-    async fn lease_and_serve(&mut self, ads: &[u32], policy: LeasePolicy) -> bool {
-        let mut book = self.leases.take().expect("lease mode has a book");
-        let served = self.lease_and_serve_with(&mut book, ads, policy).await;
-        self.leases = Some(book);
+    async fn lease_and_serve(&mut self, ads: &[u32], mode: LeaseMode) -> bool {
+        let (mut leases, pacer) = self.leases.take().expect("lease mode has a book");
+        let served = self
+            .lease_and_serve_with(&mut leases, &pacer, ads, mode)
+            .await;
+        self.leases = Some((leases, pacer));
         served
     }
 
     async fn lease_and_serve_with(
         &mut self,
-        book: &mut LeaseBook,
+        leases: &mut ServerLeases,
+        pacer: &Pacer,
         ads: &[u32],
-        policy: LeasePolicy,
+        mode: LeaseMode,
     ) -> bool {
         let asked = Instant::now();
         let now_ms = unix_ms();
-        let mut requested = ads.to_vec();
-        requested.sort_unstable();
-        for run in requested.chunk_by(|a, b| a == b) {
-            book.note_requests(run[0], run.len() as u64, now_ms);
-        }
-        requested.dedup();
-        let asks = book.asks(&requested, self.config.decision_batch, now_ms);
+        let requested = leases.note_requests(ads, &self.index.ad_ids, now_ms);
+        let asks = leases.asks(
+            &requested,
+            &self.index.ad_by_id,
+            self.config.decision_batch,
+            now_ms,
+        );
         if !asks.is_empty() {
             self.counters.lease_calls.fetch_add(1, Relaxed);
-            let grants = match self.lease(&asks, policy).await {
-                Ok(grants) => grants,
-                Err(e) => return self.back_off(e).await,
-            };
-            if let Err(e) = self.record_grants(book, &asks, &grants, unix_ms()) {
-                return self.back_off(e).await;
+            let body: Vec<LeaseAsk<'_>> = asks
+                .iter()
+                .map(|a| LeaseAsk {
+                    ad_id: &a.ad_id,
+                    micros: a.micros,
+                })
+                .collect();
+            // The crate's client checks the answer against the asks (same
+            // ads, in order, none above its ask, a lease id on every grant).
+            match pacer.lease(&body, mode.ttl_ms()).await {
+                Ok(grants) => self.record_grants(leases, &asks, &grants, unix_ms()),
+                Err(e) => {
+                    for ask in &asks {
+                        leases.book().ask_failed(&ask.ad_id);
+                    }
+                    return self.back_off(e.into()).await;
+                }
             }
             self.failures = 0;
         }
         let ts = unix_ms();
         for &ad in ads {
             let cost = sample_cost(&self.config.cost, &mut self.rng);
-            book.note_cost(cost);
+            leases.note_cost(cost);
             let record = &mut self.records[ad as usize];
-            let Some(lease) = book.spend(ad, cost, ts) else {
+            let ad_id = &self.index.ad_ids[ad as usize];
+            let Ok(lease) = leases.book().try_spend_at(ad_id, cost, ts) else {
                 record.not_servable += 1;
                 self.counters.not_servable.fetch_add(1, Relaxed);
                 self.counters.refused_no_lease.fetch_add(1, Relaxed);
@@ -274,115 +295,66 @@ impl Server {
         true
     }
 
+    /// Installs every grant in the book, counting them.
+    fn record_grants(&self, leases: &ServerLeases, asks: &[Ask], grants: &[Grant], now_ms: i64) {
+        let c = &self.counters;
+        for (ask, grant) in asks.iter().zip(grants) {
+            c.leases_asked.fetch_add(1, Relaxed);
+            c.lease_micros_asked.fetch_add(ask.micros, Relaxed);
+            leases.book().install(grant, now_ms);
+            if grant.granted_micros > 0 {
+                c.leases_granted.fetch_add(1, Relaxed);
+                c.lease_micros_granted
+                    .fetch_add(grant.granted_micros, Relaxed);
+            } else {
+                c.leases_zero.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
     /// Releases every lease the book has let go with something left
     /// (lease mode), in calls of at most a decision batch. A failed call is
     /// counted and not retried: those leases stay held at the pacers until
     /// expiry plus their grace, which costs budget, never exactness.
-    async fn release_let_go(&mut self) {
-        let Some(book) = self.leases.as_mut() else {
+    async fn release_let_go(&self) {
+        let Some((leases, _)) = &self.leases else {
             return;
         };
-        let releases = book.take_releases(unix_ms());
+        let releases = leases.take_releases(unix_ms());
+        self.release(&releases).await;
+    }
+
+    /// At the end of the run: releases every lease the book still holds.
+    async fn release_all(&self) {
+        let Some((leases, _)) = &self.leases else {
+            return;
+        };
+        let releases = leases.release_all();
+        self.release(&releases).await;
+    }
+
+    /// `POST /v1/leases/release` of `releases`, in calls of at most a
+    /// decision batch, counting the calls and the leases released.
+    async fn release(&self, releases: &[Release]) {
+        let Some((_, pacer)) = &self.leases else {
+            return;
+        };
         for chunk in releases.chunks(self.config.decision_batch.max(1)) {
             self.counters.release_calls.fetch_add(1, Relaxed);
-            match self.release(chunk).await {
-                Ok(released) => {
-                    self.counters.leases_released.fetch_add(released, Relaxed);
+            match pacer.release(chunk).await {
+                Ok(answers) => {
+                    let released = answers.iter().filter(|a| a.released).count();
+                    self.counters
+                        .leases_released
+                        .fetch_add(released as u64, Relaxed);
                 }
                 Err(e) => {
                     if self.counters.lease_errors.fetch_add(1, Relaxed) == 0 {
-                        tracing::warn!(error = %format!("{e:#}"), "cannot release leases; they stay held until expiry plus the grace");
+                        tracing::warn!(error = %e, "cannot release leases; they stay held until expiry plus the grace");
                     }
                 }
             }
         }
-    }
-
-    /// `POST /v1/leases/release`: how many of `releases` the pacer released.
-    async fn release(&self, releases: &[LeaseRelease]) -> anyhow::Result<u64> {
-        let body: ReleaseResponse = self
-            .post("/v1/leases/release", &ReleaseRequest { leases: releases })
-            .await?;
-        anyhow::ensure!(
-            body.leases.len() == releases.len(),
-            "{} answers for {} releases",
-            body.leases.len(),
-            releases.len()
-        );
-        Ok(body.leases.iter().filter(|a| a.released).count() as u64)
-    }
-
-    /// Checks the answer against the asks (same ads, same order) and
-    /// records every grant, counting them; an answer that breaks the
-    /// contract is an error, and none of it is used.
-    fn record_grants(
-        &self,
-        book: &mut LeaseBook,
-        asks: &[(u32, u64)],
-        grants: &[LeaseGrant],
-        now_ms: i64,
-    ) -> anyhow::Result<()> {
-        anyhow::ensure!(
-            grants.len() == asks.len(),
-            "{} leases for {} ads asked",
-            grants.len(),
-            asks.len()
-        );
-        for (&(ad, micros), grant) in asks.iter().zip(grants) {
-            let ad_id = &self.index.ad_ids[ad as usize];
-            anyhow::ensure!(
-                grant.ad_id == *ad_id,
-                "lease for {:?} where {ad_id:?} was asked",
-                grant.ad_id
-            );
-            anyhow::ensure!(
-                grant.granted_micros <= micros,
-                "{ad_id}: granted {} micros, more than the {micros} asked",
-                grant.granted_micros
-            );
-            anyhow::ensure!(
-                grant.granted_micros == 0 || grant.lease_id.is_some(),
-                "{ad_id}: granted {} micros without a lease_id",
-                grant.granted_micros
-            );
-        }
-        let c = &self.counters;
-        for (&(ad, micros), grant) in asks.iter().zip(grants) {
-            c.leases_asked.fetch_add(1, Relaxed);
-            c.lease_micros_asked.fetch_add(micros, Relaxed);
-            match book
-                .grant(ad, micros, grant, now_ms)
-                .map_err(anyhow::Error::msg)?
-            {
-                Granted::Lease(granted) => {
-                    c.leases_granted.fetch_add(1, Relaxed);
-                    c.lease_micros_granted.fetch_add(granted, Relaxed);
-                }
-                Granted::Zero => {
-                    c.leases_zero.fetch_add(1, Relaxed);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    async fn lease(
-        &self,
-        asks: &[(u32, u64)],
-        policy: LeasePolicy,
-    ) -> anyhow::Result<Vec<LeaseGrant>> {
-        let body = LeaseRequest {
-            ads: asks
-                .iter()
-                .map(|&(ad, micros)| LeaseAsk {
-                    ad_id: &self.index.ad_ids[ad as usize],
-                    micros,
-                })
-                .collect(),
-            ttl_ms: policy.ttl_ms(),
-        };
-        let body: LeaseResponse = self.post("/v1/leases", &body).await?;
-        Ok(body.leases)
     }
 
     /// POSTs `body` as JSON to `path` of the pacer (with the decide token,
@@ -429,6 +401,20 @@ impl Server {
 }
 
 use crate::stats::unix_ms;
+
+/// The crate's client of the pacer this server leases from: the decide
+/// token, the loop's 5 s timeout, and no retry (the server backs off on its
+/// own and serves nothing meanwhile, as before).
+fn lease_pacer(config: &LoopConfig) -> anyhow::Result<Pacer> {
+    let mut pacer = PacerConfig::new(config.pacer_url.clone());
+    pacer.decide_token = config.pacer_token.clone();
+    pacer.timeout = Duration::from_secs(5);
+    pacer.retry = Retry {
+        tries: 1,
+        ..Retry::default()
+    };
+    Pacer::new(pacer).context("the pacer client of lease mode")
+}
 
 /// The cost of one served impression, integer micros.
 fn sample_cost(cost: &CostDistribution, rng: &mut SmallRng) -> u64 {

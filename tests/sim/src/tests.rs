@@ -98,17 +98,20 @@ fn serve_takes_the_lease_mode_and_its_settings() {
     .unwrap();
     assert_eq!(
         config.mode,
-        ServeMode::Leases(LeasePolicy {
-            ttl: Duration::from_secs(10),
-            margin: Duration::from_millis(500),
-            ask_share: 0.25,
+        ServeMode::Leases(LeaseMode {
+            policy: LeasePolicy {
+                ttl: Duration::from_secs(10),
+                margin: Duration::from_millis(500),
+                ask_share: 0.25,
+                lead: LEAD,
+            },
             release: true,
         })
     );
     config.validate().unwrap();
     assert_eq!(
         parse(&["--mode", "leases"]).unwrap().mode,
-        ServeMode::Leases(LeasePolicy::default())
+        ServeMode::Leases(LeaseMode::default())
     );
     assert!(parse(&["--mode", "leases", "--lease-ttl-ms", "999"]).is_err());
     assert!(parse(&["--mode", "bids"]).is_err());

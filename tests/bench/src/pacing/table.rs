@@ -141,7 +141,7 @@ pub fn fast_markdown(results: &[RunResult]) -> String {
 mod tests {
     use std::time::Duration;
 
-    use adspend_sim::LeasePolicy;
+    use adspend_sim::LeaseMode;
 
     use super::*;
 
@@ -178,10 +178,7 @@ mod tests {
     fn a_row_per_run_with_the_lease_counters_in_lease_mode_only() {
         let results = [
             result(ServeMode::Decisions, vec![0.0, 12.5, 40.0]),
-            result(
-                ServeMode::Leases(LeasePolicy::default()),
-                vec![0.0, 0.0, 0.0],
-            ),
+            result(ServeMode::Leases(LeaseMode::default()), vec![0.0, 0.0, 0.0]),
         ];
         let day = markdown(&results);
         let lines: Vec<&str> = day.lines().collect();

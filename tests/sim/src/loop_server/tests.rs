@@ -29,6 +29,8 @@ struct Pacer {
     released: HashMap<String, u64>,
     /// Answer this status with an error body instead of grants.
     fail_with: Option<u16>,
+    /// Grant one micro more than asked (breaking the contract).
+    over_grant: bool,
 }
 
 impl Pacer {
@@ -63,6 +65,7 @@ impl Pacer {
                 let left = self.left.entry(ad.clone()).or_insert(BUDGET_PER_AD);
                 let granted = micros.min(*left);
                 *left -= granted;
+                let granted = granted + u64::from(self.over_grant);
                 if granted == 0 {
                     return serde_json::json!({
                         "ad_id": ad, "granted_micros": 0, "expires_at_ms": expires_at_ms
@@ -145,10 +148,14 @@ async fn stand_in(pacer: Arc<Mutex<Pacer>>) -> String {
     url
 }
 
-const POLICY: LeasePolicy = LeasePolicy {
-    ttl: Duration::from_millis(1_000),
-    margin: Duration::from_millis(300),
-    ask_share: 0.5,
+/// Renewed two of the test's 20 ms ticks ahead.
+const MODE: LeaseMode = LeaseMode {
+    policy: adspend_client::LeasePolicy {
+        ttl: Duration::from_millis(1_000),
+        margin: Duration::from_millis(300),
+        ask_share: 0.5,
+        lead: Duration::from_millis(40),
+    },
     release: true,
 };
 
@@ -172,7 +179,7 @@ async fn run_server(
             min: UNIT / 2,
             max: UNIT,
         },
-        mode: ServeMode::Leases(POLICY),
+        mode: ServeMode::Leases(MODE),
         ..LoopConfig::default()
     };
     config.validate().unwrap();
@@ -234,14 +241,13 @@ async fn a_leasing_server_asks_as_the_contract_says_and_serves_only_within_its_g
     let mut spent: HashMap<String, u64> = HashMap::new();
     for s in &served {
         let lease = s.lease.as_deref().expect("a lease id on every impression");
-        let lease: String = serde_json::from_str(lease).unwrap();
-        let (granted, expires) = p.grants[&lease];
+        let (granted, expires) = p.grants[lease];
         assert!(
             s.ts < expires - 300,
             "served at {} under {lease} expiring {expires}",
             s.ts
         );
-        let total = spent.entry(lease).or_default();
+        let total = spent.entry(lease.to_owned()).or_default();
         *total += s.cost;
         assert!(*total <= granted, "{total} of {granted}");
     }
@@ -297,4 +303,23 @@ async fn a_server_that_cannot_lease_serves_nothing_and_backs_off() {
     // Backing off: 200, 400, 800 ms after the first failures, not a call
     // every 20 ms tick.
     assert!(c.leases.calls <= 5, "{} calls in a second", c.leases.calls);
+}
+
+#[tokio::test]
+async fn a_server_uses_nothing_of_an_answer_that_breaks_the_contract() {
+    let pacer = Arc::new(Mutex::new(Pacer {
+        over_grant: true,
+        ..Pacer::default()
+    }));
+    let (served, counters, _) = run_server(pacer.clone(), Duration::from_millis(1_000)).await;
+    let p = pacer.lock().unwrap();
+    assert!(!p.grants.is_empty(), "the stand-in granted");
+    // Every grant is one micro above its ask: none is installed, nothing is
+    // served, and nothing is released (the server holds no lease).
+    assert!(served.is_empty());
+    let c = counters.progress(Duration::ZERO, &LoopConfig::default());
+    assert!(c.leases.calls > 0 && c.requests > 0);
+    assert_eq!(c.leases.errors, c.leases.calls);
+    assert_eq!((c.leases.granted, c.leases.release_calls), (0, 0));
+    assert_eq!(counters.unasked.load(Relaxed), c.requests);
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use adspend_bench::pacing::{self, fast, PacingBench, RunResult, Scenario};
 use adspend_bench::report::Table;
 use adspend_sim::cli::ModeArg;
-use adspend_sim::{LeasePolicy, ServeMode};
+use adspend_sim::{LeaseMode, ServeMode};
 
 use crate::{samples, Args};
 
@@ -20,10 +20,9 @@ pub(crate) async fn closed_loop(args: &Args, table: &mut Table) -> anyhow::Resul
     } else {
         args.pacing_delays.clone()
     };
-    let lease = LeasePolicy {
-        ttl: Duration::from_millis(args.pacing_lease_ttl_ms),
+    let lease = LeaseMode {
         release: args.pacing_lease_release,
-        ..LeasePolicy::default()
+        ..LeaseMode::with_ttl(Duration::from_millis(args.pacing_lease_ttl_ms))
     };
     let bench = PacingBench {
         scenario: args.pacing_scenario,
