@@ -6,7 +6,7 @@
 //! call, no allocation, and no lock held across anything that waits.
 //! Threads that spend on different ads touch different locks. Renewals,
 //! zero-grant back-off and releases happen in the background
-//! ([`crate::Renewer`]) through [`LeaseBook::plan`], [`LeaseBook::install`]
+//! ([`crate::Renewer`]) through [`LeaseBook::plan_at`], [`LeaseBook::install`]
 //! and [`LeaseBook::take_releases`], which a caller with its own scheduler
 //! may drive instead.
 
@@ -122,7 +122,7 @@ type Entry = Arc<Mutex<AdLeases>>;
 type Shard = RwLock<FxHashMap<Arc<str>, Entry>>;
 
 const SHARDS: usize = 64;
-/// The past's weight in the demand rate at each [`LeaseBook::plan`] a
+/// The past's weight in the demand rate at each [`LeaseBook::plan_at`] a
 /// second apart (shorter gaps weigh it more).
 const KEEP_PER_SEC: f64 = 0.6;
 
