@@ -12,7 +12,8 @@ use crate::pacing::state::{Pacing, Point, SpendState};
 /// Most points kept per limit; when full, every other point is dropped, so
 /// the history always spans the whole period at a coarser resolution. At a
 /// point every 10 s the history fills in 2 hours; its buffer is taken whole
-/// at the first point, so it never grows past this by doubling.
+/// and written through at the first point, so it never grows past this by
+/// doubling and its memory is resident (and counted) from the start.
 const HISTORY_POINTS: usize = 720;
 /// Limits with a history (the memory bound of the dashboard's charts:
 /// 10,000 × 720 points × 32 bytes, about 230 MB; docs/RETENTION.md).
@@ -100,7 +101,13 @@ pub fn tick(
             }
             if pacing.history.is_empty() {
                 with_history += 1;
+                // Take the whole buffer and touch it now, so its pages are
+                // resident from the first point: the pacer's memory is then
+                // level from the start instead of creeping over the 2 hours
+                // the history takes to fill.
                 pacing.history.reserve_exact(HISTORY_POINTS);
+                pacing.history.resize(HISTORY_POINTS, Point::default());
+                pacing.history.clear();
             }
             pacing.history.push(Point {
                 t: now_ms,

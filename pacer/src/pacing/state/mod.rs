@@ -135,7 +135,7 @@ impl LagWindow {
 }
 
 /// A point of a limit's history, for the dashboard.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub(crate) struct Point {
     pub(crate) t: i64,
     pub(crate) spend_micros: u64,
