@@ -46,47 +46,16 @@ nats_roles=(adserver limiter aggregator pacer auditor)
 # What deploy/.secrets holds; a directory made by an older version is made anew.
 secrets_version=3
 
+# shellcheck source=scripts/lib/tls.sh
+source "$root/scripts/lib/tls.sh"
+# shellcheck source=scripts/lib/compose.sh
+source "$root/scripts/lib/compose.sh"
+
 say() { echo "cluster: $*"; }
 die() { echo "cluster: error: $*" >&2; exit 1; }
 compose() { docker-compose -f "$compose_file" -p "$project" "$@"; }
 container() { compose ps -q "$1"; }
 elapsed() { echo "$(( $(date +%s) - $1 ))s"; }
-
-# Health of one compose service's container: healthy, starting, unhealthy, exited, or missing.
-health() {
-  local id
-  id=$(container "$1" 2>/dev/null || true)
-  [ -n "$id" ] || { echo missing; return; }
-  docker inspect -f '{{if .State.Running}}{{if .State.Health}}{{.State.Health.Status}}{{else}}running{{end}}{{else}}exited{{end}}' "$id" 2>/dev/null || echo missing
-}
-
-wait_healthy() {
-  local timeout=$1 started pending s
-  shift
-  started=$(date +%s)
-  while :; do
-    pending=()
-    for s in "$@"; do
-      case $(health "$s") in
-        healthy) ;;
-        exited) compose logs --tail 20 "$s" >&2; die "$s exited while starting (its last log lines are above)" ;;
-        *) pending+=("$s") ;;
-      esac
-    done
-    [ ${#pending[@]} -eq 0 ] && { say "healthy after $(elapsed "$started"): $*"; return; }
-    if [ $(( $(date +%s) - started )) -ge "$timeout" ]; then
-      compose logs --tail 20 "${pending[@]}" >&2
-      die "not healthy after ${timeout}s: ${pending[*]} (their last log lines are above)"
-    fi
-    sleep 1
-  done
-}
-
-require_docker() {
-  command -v docker >/dev/null || die "docker is not installed"
-  command -v docker-compose >/dev/null || die "docker-compose is not installed (bash scripts/install-deps.sh cluster)"
-  docker info >/dev/null 2>&1 || die "cannot talk to the Docker daemon (is it running? are you root or in the docker group?)"
-}
 
 # Copy an executable (to its own path, or to PATH_IN_IMAGE) and the shared
 # libraries ldd names, under the same paths: copy_with_libs EXE ROOTFS [PATH_IN_IMAGE].
@@ -167,22 +136,6 @@ cmd_images() {
   say "images ready in $(elapsed "$started"): ${images[*]}"
 }
 
-# One certificate from the cluster CA: issue NAME EXTENDED_KEY_USAGE [SUBJECT_ALT_NAMES].
-issue() {
-  local name=$1 usage=$2 sans=${3:-}
-  openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
-    -keyout "$secrets/$name-key.pem" -out "$secrets/$name.csr" -subj "/CN=adspend $name" 2>/dev/null
-  {
-    echo "basicConstraints=critical,CA:FALSE"
-    echo "keyUsage=critical,digitalSignature,keyEncipherment"
-    echo "extendedKeyUsage=$usage"
-    [ -z "$sans" ] || echo "subjectAltName=$sans"
-  } >"$secrets/$name.ext"
-  openssl x509 -req -in "$secrets/$name.csr" -CA "$secrets/ca.pem" -CAkey "$secrets/ca-key.pem" \
-    -CAcreateserial -out "$secrets/$name.pem" -days 825 -extfile "$secrets/$name.ext" 2>/dev/null
-  rm -f "$secrets/$name.csr" "$secrets/$name.ext"
-}
-
 # The cluster's CA, certificates and NATS passwords, made once into deploy/.secrets
 # (git-ignored, mode 700; --new replaces them). Nothing secret goes into an image.
 cmd_secrets() {
@@ -195,9 +148,7 @@ cmd_secrets() {
   say "generating the CA, certificates and passwords into $secrets"
   rm -rf "$secrets"
   (umask 077 && mkdir -p "$secrets")
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
-    -keyout "$secrets/ca-key.pem" -out "$secrets/ca.pem" -days 825 -subj "/CN=adspend cluster CA" \
-    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+  new_ca "adspend cluster CA"
   # Routes dial each other with it too (clientAuth).
   issue nats-server serverAuth,clientAuth "DNS:nats1,DNS:nats2,DNS:nats3,DNS:localhost,IP:127.0.0.1"
   # etcd's gateway dials its own gRPC port with the server certificate.
@@ -216,7 +167,7 @@ cmd_secrets() {
     for role in "${nats_roles[@]}"; do
       password=$(openssl rand -hex 24)
       upper=$(echo "$role" | tr '[:lower:]' '[:upper:]')
-      hash=$(printf %s "$password" | "$python" -c 'import sys, bcrypt; print(bcrypt.hashpw(sys.stdin.buffer.read(), bcrypt.gensalt(11)).decode())')
+      hash=$(printf %s "$password" | bcrypt_hash "$python")
       echo "ADSPEND_NATS_${upper}_PASSWORD: \"$hash\""
       # A client on the host (tests, adsim, an ad server of your own).
       printf 'ADSPEND_NATS_URL=nats://127.0.0.1:4222\nADSPEND_NATS_USER=%s\nADSPEND_NATS_PASSWORD=%s\nADSPEND_NATS_TLS_CA=%s\n' \
