@@ -42,6 +42,13 @@ pub(crate) struct LimitView {
     /// grant can add).
     #[serde(skip)]
     pub(crate) max_cost_micros: u64,
+    /// This region's share of the budget (with ADSPEND_REGION only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) allotment_micros: Option<u64>,
+    /// Every region's part (with ADSPEND_REGION only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) regions:
+        Option<std::collections::BTreeMap<String, crate::regions::view::RegionPart>>,
 }
 
 fn rfc3339(t: DateTime<Utc>) -> String {
@@ -82,6 +89,8 @@ pub(crate) fn view(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> Lim
             .limits
             .get(&*limit.id)
             .map_or(0, |s| s.max_cost.max(s.avg_cost.ceil() as u64)),
+        allotment_micros: None,
+        regions: None,
     }
 }
 
