@@ -40,6 +40,7 @@ mod pipeline;
 mod poison;
 mod prometheus;
 mod recovery;
+mod regions_pacer;
 mod restart;
 mod retention;
 mod sim_selftest;
