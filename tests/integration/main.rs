@@ -40,6 +40,7 @@ mod pipeline;
 mod poison;
 mod prometheus;
 mod recovery;
+mod regions_links;
 mod regions_stream;
 mod restart;
 mod retention;
