@@ -141,7 +141,7 @@ pub async fn run(
             catalog: catalog.clone(),
             leases: leases.clone(),
         };
-        regions::start(book, start, &tasks, shutdown.clone());
+        regions::start(book, start, &tasks, shutdown.clone()).await?;
     }
     tasks.spawn(input::ingest::run(
         client.clone(),

@@ -86,13 +86,16 @@ pub(crate) struct Start {
     pub(crate) leases: Leases,
 }
 
-/// Start reading and publishing region reports.
-pub(crate) fn start(
+/// Start reading and publishing region reports. A `REGIONS` stream of
+/// another region (this pacer pointed at the wrong NATS, or named after the
+/// wrong region) stops the pacer like a bad setting; any other trouble with
+/// the stream is retried in the background.
+pub(crate) async fn start(
     regions: &Regions,
     start: Start,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
-) {
+) -> Result<(), adspend_common::Error> {
     adspend_common::telemetry::describe(DESCRIPTIONS, crate::telemetry::HISTOGRAMS);
     tracing::info!(
         region = %start.settings.region,
@@ -100,8 +103,21 @@ pub(crate) fn start(
         report_interval_ms = start.settings.report_interval.as_millis() as u64,
         "budgets split across regions"
     );
+    let js = jetstream::new(start.client);
+    let peers: Vec<_> = start
+        .settings
+        .regions
+        .iter()
+        .filter(|r| **r != start.settings.region)
+        .cloned()
+        .collect();
+    match stream::ensure(&js, &start.settings.region, &peers, start.replicas).await {
+        Err(e @ adspend_common::Error::RegionMismatch { .. }) => return Err(e),
+        Err(e) => tracing::warn!(error = %e, "region reports stream unavailable; retrying"),
+        Ok(_) => {}
+    }
     let runner = run::Runner {
-        js: jetstream::new(start.client),
+        js,
         replicas: start.replicas,
         settings: start.settings,
         book: regions.book.clone(),
@@ -111,4 +127,5 @@ pub(crate) fn start(
         shutdown,
     };
     tasks.spawn(runner.run());
+    Ok(())
 }

@@ -22,7 +22,7 @@ use tokio::sync::{watch, RwLock};
 use tokio_util::sync::CancellationToken;
 
 use super::book::{Book, Own};
-use super::stream::{self, ALL_REPORTS};
+use super::stream;
 use super::{REGION_HEARD, REGION_REPORTS_TOTAL, REGION_REPORT_AGE_SECONDS};
 use crate::config::RegionSettings;
 use crate::leases::Leases;
@@ -88,7 +88,9 @@ impl Runner {
             .filter(|r| *r != own)
             .cloned()
             .collect();
-        let mut stream = stream::ensure(&self.js, own, &peers, self.replicas).await?;
+        let mut stream = stream::ensure(&self.js, own, &peers, self.replicas)
+            .await
+            .map_err(|e| e.to_string())?;
         let last = stream
             .info()
             .await
@@ -97,7 +99,8 @@ impl Runner {
             .last_sequence;
         let consumer = stream
             .create_consumer(consumer::pull::OrderedConfig {
-                filter_subject: ALL_REPORTS.into(),
+                // No filter: the stream holds only region reports, and
+                // those sourced from peers are outside its own subjects.
                 deliver_policy: consumer::DeliverPolicy::All,
                 ..Default::default()
             })
