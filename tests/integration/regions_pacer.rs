@@ -8,6 +8,9 @@
 //! again, keeps what it gave (its own reports read back), which the sum
 //! check sees at once if it did not.
 //!
+//! And of two pacers of one region only one publishes its reports; killed,
+//! the other takes over within about 2 s and the reports' `seq` goes on.
+//!
 //! West and south run as a NATS user that can neither read the sums nor use
 //! `LEASES`, so that on this one server they spend and lease nothing, as
 //! regions of their own NATS with no demand would.
@@ -281,4 +284,121 @@ async fn allotment_within(addr: &str) -> u64 {
         assert!(Instant::now() < deadline, "{addr} served no allotment");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The `seq` of every report of `region` the shared stream still holds, in
+/// stream order.
+async fn report_seqs(client: &async_nats::Client, region: &str) -> Vec<u64> {
+    use adspend_wire::regions::RegionReport;
+    use futures::StreamExt;
+    let stream = jetstream::new(client.clone())
+        .get_stream("REGIONS")
+        .await
+        .expect("REGIONS");
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            filter_subject: format!("adspend.regions.{region}"),
+            ..Default::default()
+        })
+        .await
+        .expect("consumer");
+    let mut messages = consumer.messages().await.expect("messages");
+    let mut seqs = Vec::new();
+    while let Ok(Some(Ok(message))) =
+        tokio::time::timeout(Duration::from_millis(500), messages.next()).await
+    {
+        let report = RegionReport::decode(&message.payload).expect("a region report");
+        seqs.push(report.seq);
+        if message.info().expect("info").pending == 0 {
+            break;
+        }
+    }
+    seqs
+}
+
+const PUBLISHES: &str = "this pacer publishes its region's reports";
+
+/// Two pacers of east (one LEASES, one spend, as replicas of one region
+/// are) and one of west on one NATS: one east pacer publishes east's
+/// reports at a time; killed, the other takes over, and the reports' `seq`
+/// never goes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_pacer_of_a_region_publishes_and_another_takes_over() {
+    let p = Pipeline::start_with(Backends::default(), NatsOptions::default(), catalog()).await;
+    let client = p.client().await;
+    jetstream::new(client.clone())
+        .create_stream(stream::Config {
+            name: "REGIONS".into(),
+            subjects: vec!["adspend.regions.>".into()],
+            max_messages_per_subject: 16,
+            ..Default::default()
+        })
+        .await
+        .expect("create REGIONS");
+    let spawn = |region: &str| {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let settings = [
+            ("ADSPEND_PACER_ADDR", addr.as_str()),
+            ("ADSPEND_REGION", region),
+            ("ADSPEND_REGIONS", "east,west"),
+        ];
+        Pacer {
+            process: p.spawn_with("pacer", free_port(), &settings),
+            addr,
+        }
+    };
+    let mut east = [spawn("east"), spawn("east")];
+    let west = spawn("west");
+    for pacer in east.iter().chain([&west]) {
+        wait_healthy(&pacer.addr).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let publishing: Vec<usize> = (0..2)
+        .filter(|&i| east[i].process.log_tail(200).contains(PUBLISHES))
+        .collect();
+    assert_eq!(
+        publishing.len(),
+        1,
+        "east pacers publishing: {publishing:?}"
+    );
+    let (one, other) = (publishing[0], 1 - publishing[0]);
+    let before = report_seqs(&client, "east").await;
+    assert!(before.len() >= 4, "east's reports: {before:?}");
+    assert!(
+        before.windows(2).all(|w| w[0] < w[1]),
+        "east's report seqs not increasing: {before:?}"
+    );
+    east[one].process.kill();
+    let killed = Instant::now();
+    east[other]
+        .process
+        .wait_for_log(PUBLISHES, Duration::from_secs(10))
+        .await
+        .expect("the other east pacer takes over");
+    let took_over = killed.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = report_seqs(&client, "east").await;
+    assert!(
+        after.windows(2).all(|w| w[0] < w[1]),
+        "east's report seqs not increasing across the hand-over: {after:?}"
+    );
+    assert!(
+        after.last() > before.last(),
+        "no new report of east: {before:?} then {after:?}"
+    );
+    let view = limit(&west.addr, "global").await;
+    let as_of = view["regions"]["east"]["as_of_ms"]
+        .as_i64()
+        .expect("west hears east");
+    assert!(
+        adspend_common::now_ms() - as_of < 2_000,
+        "west's latest of east is {} ms old",
+        adspend_common::now_ms() - as_of
+    );
+    println!(
+        "regions_pacer hand-over: the other east pacer published {took_over:?} after the \
+         publisher was killed; east's seqs {:?} -> {:?}",
+        before.last(),
+        after.last()
+    );
 }
