@@ -12,7 +12,7 @@ use crate::http::serve::HttpLimits;
 
 mod regions;
 
-pub(crate) use regions::RegionSettings;
+use crate::regions::RegionSettings;
 
 /// Holds budget state from the aggregators' pushes and answers ad servers:
 /// may I bid on this ad, how hard, what is left.

@@ -139,7 +139,13 @@ pub async fn run(
             settings: region_settings.clone(),
             spend: spend.clone(),
             catalog: catalog.clone(),
-            leases: leases.clone(),
+            held: {
+                let leases = leases.clone();
+                Box::new(move |read| {
+                    let ledger = leases.ledger();
+                    read(&|limit| ledger.held(limit));
+                })
+            },
         };
         regions::start(book, start, &tasks, shutdown.clone()).await?;
     }

@@ -9,6 +9,8 @@ use std::time::Duration;
 use adspend_common::Error;
 use adspend_wire::regions::{RegionName, MAX_REGIONS};
 
+use crate::regions::RegionSettings;
+
 pub(crate) const REGION: &str = "ADSPEND_REGION";
 pub(crate) const REGIONS: &str = "ADSPEND_REGIONS";
 pub(crate) const REGION_REPORT_INTERVAL_MS: &str = "ADSPEND_REGION_REPORT_INTERVAL_MS";
@@ -35,16 +37,6 @@ pub(crate) struct RegionArgs {
     #[arg(long, env = REGION_UNHEARD_MS, default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1_000..=86_400_000))]
     pub(crate) region_unheard_ms: u64,
-}
-
-/// The region settings, checked.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct RegionSettings {
-    pub(crate) region: RegionName,
-    /// Every region, this one included.
-    pub(crate) regions: BTreeSet<RegionName>,
-    pub(crate) report_interval: Duration,
-    pub(crate) unheard_after: Duration,
 }
 
 impl RegionArgs {

@@ -36,7 +36,7 @@ pub use tick::tick;
 pub(crate) use verdict::decide_counted;
 pub(crate) use verdict::period_spend;
 pub use verdict::{decide, verdict, Decision, Verdict};
-pub(crate) use view::{view, LimitView};
+pub(crate) use view::{view, LimitView, RegionPart};
 
 #[cfg(test)]
 mod loop_tests;

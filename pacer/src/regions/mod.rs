@@ -31,9 +31,25 @@ use tokio_util::task::TaskTracker;
 
 pub(crate) use book::Book;
 
-use crate::config::RegionSettings;
-use crate::leases::Leases;
 use crate::pacing::state::SpendState;
+
+/// The region settings, checked (built from ADSPEND_REGION and the rest by
+/// the config; here so that the config depends on this module, not the
+/// other way round).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RegionSettings {
+    pub(crate) region: adspend_wire::regions::RegionName,
+    /// Every region, this one included.
+    pub(crate) regions: std::collections::BTreeSet<adspend_wire::regions::RegionName>,
+    pub(crate) report_interval: std::time::Duration,
+    pub(crate) unheard_after: std::time::Duration,
+}
+
+/// Runs its argument with the lease ledger locked and a way to read, per
+/// limit, what the live leases hold: how the report loop reads the leases
+/// without this module depending on them (they depend on it). The ledger
+/// is locked before the book, as the lease committer does.
+pub(crate) type WithHeld = Box<dyn Fn(&mut dyn FnMut(&dyn Fn(&str) -> u64)) + Send + Sync>;
 
 pub(crate) const REGION_REPORT_AGE_SECONDS: &str = "adspend_pacer_region_report_age_seconds";
 pub(crate) const REGION_HEARD: &str = "adspend_pacer_region_heard";
@@ -83,7 +99,7 @@ pub(crate) struct Start {
     pub(crate) settings: RegionSettings,
     pub(crate) spend: Arc<RwLock<SpendState>>,
     pub(crate) catalog: watch::Receiver<Arc<Catalog>>,
-    pub(crate) leases: Leases,
+    pub(crate) held: WithHeld,
 }
 
 /// Start reading and publishing region reports. A `REGIONS` stream of
@@ -123,7 +139,7 @@ pub(crate) async fn start(
         book: regions.book.clone(),
         spend: start.spend,
         catalog: start.catalog,
-        leases: start.leases,
+        held: start.held,
         shutdown,
     };
     tasks.spawn(runner.run());

@@ -23,9 +23,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::book::{Book, Own};
 use super::stream;
+use super::{RegionSettings, WithHeld};
 use super::{REGION_HEARD, REGION_REPORTS_TOTAL, REGION_REPORT_AGE_SECONDS};
-use crate::config::RegionSettings;
-use crate::leases::Leases;
 use crate::pacing::state::SpendState;
 
 /// A pacer that has read no report of its own region for this long
@@ -44,7 +43,7 @@ pub(super) struct Runner {
     pub(super) book: Arc<Mutex<Book>>,
     pub(super) spend: Arc<RwLock<SpendState>>,
     pub(super) catalog: watch::Receiver<Arc<Catalog>>,
-    pub(super) leases: Leases,
+    pub(super) held: WithHeld,
     pub(super) shutdown: CancellationToken,
 }
 
@@ -234,23 +233,26 @@ impl Runner {
         let catalog = self.catalog.borrow().clone();
         let now = chrono::Utc::now();
         let spend = self.spend.read().await;
-        let ledger = self.leases.ledger();
-        let mut book = self.book();
-        book.follow_catalog(&catalog, now);
-        let own: HashMap<Arc<str>, Own> = catalog
-            .limits_after(None)
-            .iter()
-            .map(|limit| {
-                let sums = spend.limits.get(&*limit.id);
-                let figures = Own {
-                    spend: crate::pacing::period_spend(limit, sums, now),
-                    lifetime_spend: sums.map_or(0, |s| s.lifetime_micros),
-                    leased: ledger.held(&limit.id),
-                };
-                (limit.id.clone(), figures)
-            })
-            .collect();
-        book.next_report(&catalog, &own)
+        let mut next = None;
+        (self.held)(&mut |held| {
+            let mut book = self.book();
+            book.follow_catalog(&catalog, now);
+            let own: HashMap<Arc<str>, Own> = catalog
+                .limits_after(None)
+                .iter()
+                .map(|limit| {
+                    let sums = spend.limits.get(&*limit.id);
+                    let figures = Own {
+                        spend: crate::pacing::period_spend(limit, sums, now),
+                        lifetime_spend: sums.map_or(0, |s| s.lifetime_micros),
+                        leased: held(&limit.id),
+                    };
+                    (limit.id.clone(), figures)
+                })
+                .collect();
+            next = Some(book.next_report(&catalog, &own));
+        });
+        next.unwrap_or_default()
     }
 
     fn export_metrics(&self, started_ms: i64) {

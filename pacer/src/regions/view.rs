@@ -4,24 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
-
 use super::Book;
-use crate::pacing::LimitView;
-
-/// One region's part of a limit.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub(crate) struct RegionPart {
-    pub(crate) spend_micros: u64,
-    pub(crate) lifetime_spend_micros: u64,
-    /// The region's allotment as it computed it at its last report (this
-    /// region's: now).
-    pub(crate) allotment_micros: u64,
-    pub(crate) leased_micros: u64,
-    /// When the region's figures were taken, by its clock; null for a
-    /// region not heard in this period.
-    pub(crate) as_of_ms: Option<i64>,
-}
+use crate::pacing::{LimitView, RegionPart};
 
 /// Turns a one-region view (this region's own figures, its leases
 /// included) into the deployment's: spend and remaining across regions,
