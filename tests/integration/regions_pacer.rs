@@ -140,14 +140,17 @@ async fn unused_shares_flow_to_demand_and_allotments_never_pass_the_budget() {
     let initial = allotment_within(&east.addr).await;
     assert_eq!(initial, BUDGET / 3, "east starts from its initial share");
 
-    // East asks for leases until the end; west and south ask nothing.
+    // East asks for leases until the end; west and south ask nothing. The
+    // end: east at 95% of the budget and 5 s of samples since west came
+    // back, or 30 s.
     let demand_from = Instant::now();
-    let deadline = demand_from + Duration::from_secs(15);
+    let deadline = demand_from + Duration::from_secs(30);
+    let stop = tokio_util::sync::CancellationToken::new();
     let asking = tokio::spawn({
-        let addr = east.addr.clone();
+        let (addr, stop) = (east.addr.clone(), stop.clone());
         async move {
             let mut granted = 0u64;
-            while Instant::now() < deadline {
+            while !stop.is_cancelled() {
                 let body = json!({"ads": [{"ad_id": "e-1", "micros": 60_000}], "ttl_ms": 600_000});
                 let (status, answer) = lease(&addr, body).await;
                 if status == 200 {
@@ -162,7 +165,12 @@ async fn unused_shares_flow_to_demand_and_allotments_never_pass_the_budget() {
     let mut samples = Samples::default();
     let mut restarted = false;
     let mut east_at_95 = None;
+    let mut back_since: Option<Instant> = None;
     while Instant::now() < deadline {
+        if east_at_95.is_some() && back_since.is_some_and(|t| t.elapsed() > Duration::from_secs(5))
+        {
+            break;
+        }
         // The receiver first, then the givers: a gift is debited at the
         // giver before the receiver can credit it, so in this order the
         // sum read is never more than the sum at any one instant.
@@ -192,6 +200,7 @@ async fn unused_shares_flow_to_demand_and_allotments_never_pass_the_budget() {
         match (west_allotment, restarted) {
             (Some(a), false) => samples.west_before_kill = Some(a),
             (Some(a), true) => {
+                back_since.get_or_insert_with(Instant::now);
                 samples.west_after_restart_max = samples.west_after_restart_max.max(a)
             }
             (None, _) => {}
@@ -211,8 +220,13 @@ async fn unused_shares_flow_to_demand_and_allotments_never_pass_the_budget() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    stop.cancel();
     let granted = asking.await.expect("the asking client");
     assert!(restarted, "west's failpoint never fired");
+    assert!(
+        back_since.is_some(),
+        "west never answered after its restart"
+    );
     let before = samples
         .west_before_kill
         .expect("west's allotment before the crash");

@@ -238,11 +238,16 @@ impl Book {
             }
             entries.push(ledger.entry(o.spend, o.lifetime_spend, leased, want));
         }
+        self.seq += 1;
+        (self.seq, entries)
+    }
+
+    /// A report interval ended (whether or not this pacer published):
+    /// demand older than the one before is forgotten.
+    pub(crate) fn end_interval(&mut self) {
         for want in self.want.values_mut() {
             *want = [0, want[0]];
         }
         self.want.retain(|_, w| w[1] > 0);
-        self.seq += 1;
-        (self.seq, entries)
     }
 }

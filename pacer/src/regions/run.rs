@@ -150,6 +150,7 @@ impl Runner {
                     if caught_up {
                         self.report(&own_subject, &mut subject).await?;
                     }
+                    self.book().end_interval();
                 }
             }
         }

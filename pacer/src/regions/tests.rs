@@ -47,6 +47,7 @@ fn report(book: &mut Book, leased: u64) -> RegionReport {
         },
     )]);
     let (seq, entries) = book.next_report(&catalog(), &own);
+    book.end_interval();
     RegionReport::new(
         book.region().clone(),
         seq,
@@ -146,4 +147,20 @@ fn reports_of_regions_outside_the_deployment_are_ignored() {
     east.merge(&stranger);
     assert!(east.last_heard().get(&name("north")).is_none());
     assert!(east.ledger("c").unwrap().heard(&name("north")).is_none());
+}
+
+#[test]
+fn unmet_demand_is_reported_for_two_intervals_then_forgotten() {
+    let mut east = book("east");
+    east.set_ready();
+    east.add_want(&Arc::from("c"), 700);
+    let wants: Vec<u64> = (0..3)
+        .map(|_| report(&mut east, 0).limits[0].want_micros)
+        .collect();
+    assert_eq!(wants, [700, 700, 0]);
+    // A reader (no report) forgets it just the same.
+    east.add_want(&Arc::from("c"), 300);
+    east.end_interval();
+    east.end_interval();
+    assert_eq!(report(&mut east, 0).limits[0].want_micros, 0);
 }
