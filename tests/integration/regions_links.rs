@@ -9,10 +9,13 @@
 //! measured", says how to see them).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use adspend_common::nats::regions::{
-    ensure_regions_stream, region_report_subject, regions_sources, SourceState,
+    ensure_regions_stream, region_report_subject, regions_sources, resume_stalled_sources,
+    SourceState,
 };
 use adspend_harness::{wait_until_ok, RegionsNats, REGION_NAMES};
 use adspend_wire::regions::{RegionName, RegionReport};
@@ -226,6 +229,8 @@ async fn regions_hear_each_other_through_cuts_and_restarts() -> anyhow::Result<(
     regions[1].publish_one().await?;
     catch_up(&regions, "after a regional server restart", restarted).await?;
 
+    restart_with_resume(&mut nats, &mut regions).await?;
+
     nats.kill_hub("south");
     for region in &mut regions {
         region.publish_one().await?;
@@ -297,5 +302,48 @@ async fn cut_and_heal(nats: &mut RegionsNats, regions: &mut [Region]) -> anyhow:
             region.links().await?
         );
     }
+    Ok(())
+}
+
+/// South's JetStream server restarted, as west's was, but with
+/// [`resume_stalled_sources`] running in every region every 500 ms: the
+/// peers' sources of south, whose consumers died with it, are made again
+/// as soon as south answers, instead of at the server's own retry.
+async fn restart_with_resume(nats: &mut RegionsNats, regions: &mut [Region]) -> anyhow::Result<()> {
+    nats.kill_region("south");
+    regions[0].publish(1).await?;
+    regions[1].publish(1).await?;
+    nats.restart_region("south").await;
+    let restarted = Instant::now();
+    regions[2].publish_one().await?;
+    let resumed = Arc::new(AtomicUsize::new(0));
+    let mut resumers = tokio::task::JoinSet::new();
+    for region in regions.iter() {
+        let (js, mut stream, resumed) = (
+            region.js.clone(),
+            region.stream.clone(),
+            Arc::clone(&resumed),
+        );
+        resumers.spawn(async move {
+            loop {
+                if let Ok(peers) = resume_stalled_sources(&js, &mut stream).await {
+                    resumed.fetch_add(peers.len(), Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+    }
+    let caught_up = catch_up(
+        regions,
+        "after a regional server restart, stalled sources resumed",
+        restarted,
+    )
+    .await;
+    resumers.abort_all();
+    caught_up?;
+    assert!(
+        resumed.load(Ordering::Relaxed) > 0,
+        "no source was made again: the catch-up did not test resume_stalled_sources"
+    );
     Ok(())
 }
