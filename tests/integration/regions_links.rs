@@ -30,8 +30,10 @@ const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(150);
 const POLL: Duration = Duration::from_millis(20);
 
 /// How long the cut lasts at least: `ADSPEND_REGIONS_CUT_SECS`, for
-/// measuring a long cut by hand (docs/REGIONS.md); by default only until
-/// every side has seen the links down (about 5 s).
+/// measuring a long cut by hand (docs/REGIONS.md; with
+/// `ADSPEND_REGIONS_RESUME` set, [`resume_stalled_sources`] runs from the
+/// heal on); by default only until every side has seen the links down
+/// (about 5 s).
 fn cut_hold() -> Duration {
     let seconds = std::env::var("ADSPEND_REGIONS_CUT_SECS")
         .ok()
@@ -285,6 +287,8 @@ async fn cut_and_heal(nats: &mut RegionsNats, regions: &mut [Region]) -> anyhow:
     let lasted = cut.elapsed();
     nats.heal("east");
     let healed = Instant::now();
+    // By hand: how fast a long cut heals with the stalled sources resumed.
+    let _resumers = std::env::var_os("ADSPEND_REGIONS_RESUME").map(|_| start_resumers(regions));
     catch_up(
         regions,
         &format!(
@@ -316,9 +320,28 @@ async fn restart_with_resume(nats: &mut RegionsNats, regions: &mut [Region]) -> 
     nats.restart_region("south").await;
     let restarted = Instant::now();
     regions[2].publish_one().await?;
+    let (mut resumers, resumed) = start_resumers(regions);
+    let caught_up = catch_up(
+        regions,
+        "after a regional server restart, stalled sources resumed",
+        restarted,
+    )
+    .await;
+    resumers.abort_all();
+    caught_up?;
+    assert!(
+        resumed.load(Ordering::Relaxed) > 0,
+        "no source was made again: the catch-up did not test resume_stalled_sources"
+    );
+    Ok(())
+}
+
+/// Runs [`resume_stalled_sources`] in every region every 500 ms until the
+/// set is dropped; the counter adds up the sources it made again.
+fn start_resumers(regions: &[Region]) -> (tokio::task::JoinSet<()>, Arc<AtomicUsize>) {
     let resumed = Arc::new(AtomicUsize::new(0));
     let mut resumers = tokio::task::JoinSet::new();
-    for region in regions.iter() {
+    for region in regions {
         let (js, mut stream, resumed) = (
             region.js.clone(),
             region.stream.clone(),
@@ -333,17 +356,5 @@ async fn restart_with_resume(nats: &mut RegionsNats, regions: &mut [Region]) -> 
             }
         });
     }
-    let caught_up = catch_up(
-        regions,
-        "after a regional server restart, stalled sources resumed",
-        restarted,
-    )
-    .await;
-    resumers.abort_all();
-    caught_up?;
-    assert!(
-        resumed.load(Ordering::Relaxed) > 0,
-        "no source was made again: the catch-up did not test resume_stalled_sources"
-    );
-    Ok(())
+    (resumers, resumed)
 }
