@@ -240,6 +240,84 @@ pub async fn regions_sources(stream: &mut stream::Stream) -> Result<Vec<SourceSt
     Ok(states)
 }
 
+/// How long a peer's JetStream may take to answer [`resume_stalled_sources`]'s
+/// probe before it counts as out of reach.
+const PEER_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Makes the sources of `stream` (this region's `REGIONS`) again for the
+/// peers that are not linked although their `REGIONS` stream answers
+/// again, and returns those peers.
+///
+/// Why: once a source has been silent past the server's 10 s stall check
+/// (a cut, the peer's server restarted), the server retries it on a
+/// backoff that grows to 2 minutes, and a try made while the link was down
+/// waits up to 30 s for its answer: measured, reports flowed again 40 to
+/// 50 s after the link did (docs/REGIONS.md). A source removed and added
+/// back is tried at once, from where it stopped (the server finds that in
+/// the peer's reports this stream holds), so nothing is skipped; a report
+/// may come twice, which merging by maximum absorbs.
+///
+/// Meant to run every few seconds in one process per region. A stream
+/// shared by every region has no sources: nothing to do.
+pub async fn resume_stalled_sources(
+    js: &jetstream::Context,
+    stream: &mut stream::Stream,
+) -> Result<Vec<RegionName>> {
+    let mut back = Vec::new();
+    for state in regions_sources(stream).await? {
+        if !state.is_linked() && peer_answers(js, &state.region).await {
+            back.push(state.region);
+        }
+    }
+    if back.is_empty() {
+        return Ok(back);
+    }
+    let config = stream.cached_info().config.clone();
+    let stalled: BTreeSet<String> = back.iter().map(region_report_subject).collect();
+    let mut without = config.clone();
+    without.sources = config.sources.as_ref().map(|sources| {
+        sources
+            .iter()
+            .filter(|s| {
+                !s.filter_subject
+                    .as_ref()
+                    .is_some_and(|f| stalled.contains(f))
+            })
+            .cloned()
+            .collect()
+    });
+    for step in [without, config] {
+        js.update_stream(step)
+            .await
+            .map_err(Error::jetstream(format!(
+                "update stream {REGIONS_STREAM} to make the sources of {back:?} again"
+            )))?;
+    }
+    tracing::info!(
+        stream = REGIONS_STREAM,
+        peers = ?back.iter().map(RegionName::as_str).collect::<Vec<_>>(),
+        "sources stalled although their peers answer again were made again"
+    );
+    stream
+        .info()
+        .await
+        .map_err(Error::jetstream(format!("stream info {REGIONS_STREAM}")))?;
+    Ok(back)
+}
+
+/// Whether `peer`'s `REGIONS` stream answers through the peer's domain
+/// API: the way its source takes is open again.
+async fn peer_answers(js: &jetstream::Context, peer: &RegionName) -> bool {
+    let subject = format!("{}.STREAM.INFO.{REGIONS_STREAM}", region_api_prefix(peer));
+    let client = js.client();
+    let request = client.request(subject, "".into());
+    let Ok(Ok(reply)) = tokio::time::timeout(PEER_PROBE_TIMEOUT, request).await else {
+        return false;
+    };
+    serde_json::from_slice::<serde_json::Value>(&reply.payload)
+        .is_ok_and(|info| info.get("error").is_none() && info.get("config").is_some())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
