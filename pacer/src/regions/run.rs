@@ -32,6 +32,9 @@ use crate::pacing::state::SpendState;
 pub(crate) const TAKEOVER_AFTER_MS: i64 = 2_000;
 /// The failpoint just before a report is published.
 pub(crate) const BEFORE_REGION_REPORT: &str = "pacer.before_region_report";
+/// How often the publisher checks the links for stalled sources, in report
+/// intervals (every 2 s at the default 500 ms).
+const RESUME_EVERY_TICKS: u64 = 4;
 /// Stream sequences of this pacer's own publishes remembered, to tell them
 /// from another pacer's of the same region.
 const MINE_KEPT: usize = 64;
@@ -115,6 +118,7 @@ impl Runner {
         if caught_up {
             self.book().set_ready();
         }
+        let mut ticks: u64 = 0;
         let mut tick = tokio::time::interval(self.settings.report_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -151,8 +155,27 @@ impl Runner {
                         self.report(&own_subject, &mut subject).await?;
                     }
                     self.book().end_interval();
+                    ticks += 1;
+                    if subject.publishing && ticks.is_multiple_of(RESUME_EVERY_TICKS) {
+                        self.resume_links(&mut stream).await;
+                    }
                 }
             }
+        }
+    }
+
+    /// The links to peers that stalled (a cut of more than 10 s, a peer's
+    /// server restarted) are made again at once rather than after
+    /// JetStream's retry backoff (docs/REGIONS.md, "Topology"); the
+    /// publisher of each region does it.
+    async fn resume_links(&self, regions: &mut jetstream::stream::Stream) {
+        match stream::resume_stalled_sources(&self.js, regions).await {
+            Ok(resumed) if !resumed.is_empty() => {
+                let resumed: Vec<&str> = resumed.iter().map(|r| r.as_str()).collect();
+                tracing::info!(peers = ?resumed, "stalled region links made again");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "region links not checked"),
         }
     }
 
