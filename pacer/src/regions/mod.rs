@@ -132,7 +132,14 @@ pub(crate) async fn start(
         Err(e) => tracing::warn!(error = %e, "region reports stream unavailable; retrying"),
         Ok(_) => {}
     }
+    let publishing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    tasks.spawn(run::resume_links(
+        js.clone(),
+        publishing.clone(),
+        shutdown.clone(),
+    ));
     let runner = run::Runner {
+        publishing,
         js,
         replicas: start.replicas,
         settings: start.settings,

@@ -11,6 +11,7 @@
 //! [`TAKEOVER_AFTER_MS`] publishes (the publisher stopped or is cut off).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,9 +33,8 @@ use crate::pacing::state::SpendState;
 pub(crate) const TAKEOVER_AFTER_MS: i64 = 2_000;
 /// The failpoint just before a report is published.
 pub(crate) const BEFORE_REGION_REPORT: &str = "pacer.before_region_report";
-/// How often the publisher checks the links for stalled sources, in report
-/// intervals (every 2 s at the default 500 ms).
-const RESUME_EVERY_TICKS: u64 = 4;
+/// How often the publisher checks the links for stalled sources.
+const RESUME_EVERY: Duration = Duration::from_secs(2);
 /// Stream sequences of this pacer's own publishes remembered, to tell them
 /// from another pacer's of the same region.
 const MINE_KEPT: usize = 64;
@@ -48,6 +48,8 @@ pub(super) struct Runner {
     pub(super) catalog: watch::Receiver<Arc<Catalog>>,
     pub(super) held: WithHeld,
     pub(super) shutdown: CancellationToken,
+    /// This pacer publishes its region's reports (for [`resume_links`]).
+    pub(super) publishing: Arc<AtomicBool>,
 }
 
 /// What one pass of the loop knows of the region's subject.
@@ -118,7 +120,6 @@ impl Runner {
         if caught_up {
             self.book().set_ready();
         }
-        let mut ticks: u64 = 0;
         let mut tick = tokio::time::interval(self.settings.report_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -155,27 +156,9 @@ impl Runner {
                         self.report(&own_subject, &mut subject).await?;
                     }
                     self.book().end_interval();
-                    ticks += 1;
-                    if subject.publishing && ticks.is_multiple_of(RESUME_EVERY_TICKS) {
-                        self.resume_links(&mut stream).await;
-                    }
+                    self.publishing.store(subject.publishing, Ordering::Relaxed);
                 }
             }
-        }
-    }
-
-    /// The links to peers that stalled (a cut of more than 10 s, a peer's
-    /// server restarted) are made again at once rather than after
-    /// JetStream's retry backoff (docs/REGIONS.md, "Topology"); the
-    /// publisher of each region does it.
-    async fn resume_links(&self, regions: &mut jetstream::stream::Stream) {
-        match stream::resume_stalled_sources(&self.js, regions).await {
-            Ok(resumed) if !resumed.is_empty() => {
-                let resumed: Vec<&str> = resumed.iter().map(|r| r.as_str()).collect();
-                tracing::info!(peers = ?resumed, "stalled region links made again");
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "region links not checked"),
         }
     }
 
@@ -294,6 +277,42 @@ impl Runner {
                 .set(age_ms as f64 / 1000.0);
             let heard = book.last_heard().contains_key(region) && age_ms <= unheard_ms;
             metrics::gauge!(REGION_HEARD, "region" => label).set(f64::from(u8::from(heard)));
+        }
+    }
+}
+
+/// While this pacer publishes its region's reports, makes the links to
+/// peers that stalled (a cut of more than 10 s, a peer's server restarted)
+/// again at once rather than after JetStream's retry backoff
+/// (docs/REGIONS.md, "Topology"). Apart from the report loop: probing a
+/// peer that does not answer takes a second, which must not delay reports.
+pub(super) async fn resume_links(
+    js: jetstream::Context,
+    publishing: Arc<AtomicBool>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(RESUME_EVERY) => {}
+        }
+        if !publishing.load(Ordering::Relaxed) {
+            continue;
+        }
+        let mut regions = match js.get_stream(stream::REGIONS_STREAM).await {
+            Ok(regions) => regions,
+            Err(e) => {
+                tracing::warn!(error = %e, "region links not checked");
+                continue;
+            }
+        };
+        match stream::resume_stalled_sources(&js, &mut regions).await {
+            Ok(resumed) if !resumed.is_empty() => {
+                let resumed: Vec<&str> = resumed.iter().map(|r| r.as_str()).collect();
+                tracing::info!(peers = ?resumed, "stalled region links made again");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "region links not checked"),
         }
     }
 }
