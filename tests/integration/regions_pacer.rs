@@ -44,7 +44,7 @@ authorization {
 no_auth_user: everyone
 "#;
 
-fn catalog() -> sim::Catalog {
+pub(crate) fn catalog() -> sim::Catalog {
     sim::Catalog {
         limits: BTreeMap::from([(
             "global".into(),
