@@ -95,6 +95,15 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// This region's `REGIONS` stream holds another region's reports: the
+    /// service is pointed at another region's NATS, or `ADSPEND_REGION`
+    /// names the wrong region. A setting, not an outage.
+    #[error(
+        "the REGIONS stream on this NATS is region {found:?}'s, not {expected:?}'s: \
+         ADSPEND_REGION or ADSPEND_NATS_URL names the wrong region (docs/REGIONS.md)"
+    )]
+    RegionMismatch { expected: String, found: String },
+
     #[error("cannot bind {what} on {addr}: {source}")]
     Bind {
         what: &'static str,
@@ -164,7 +173,8 @@ impl Error {
             | Error::Fenced { .. }
             | Error::SnapshotCorrupt { .. }
             | Error::Io { .. }
-            | Error::Bind { .. } => false,
+            | Error::Bind { .. }
+            | Error::RegionMismatch { .. } => false,
         }
     }
 
@@ -178,7 +188,7 @@ impl Error {
     /// [`EXIT_BAD_SETTING`] for a setting, [`EXIT_FAILURE`] for the rest.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Config { .. } => EXIT_BAD_SETTING,
+            Error::Config { .. } | Error::RegionMismatch { .. } => EXIT_BAD_SETTING,
             _ => EXIT_FAILURE,
         }
     }
@@ -220,8 +230,14 @@ mod tests {
 
     #[test]
     fn a_bad_setting_exits_64_and_is_not_retried() {
-        assert_eq!(config().exit_code(), EXIT_BAD_SETTING);
-        assert!(!config().is_retryable());
+        let mismatch = Error::RegionMismatch {
+            expected: "east".into(),
+            found: "west".into(),
+        };
+        for error in [config(), mismatch] {
+            assert_eq!(error.exit_code(), EXIT_BAD_SETTING, "{error}");
+            assert!(!error.is_retryable(), "{error}");
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::telemetry::{NATS_PERMISSION_VIOLATIONS_TOTAL, NATS_UNAUTHENTICATED};
 
 mod age;
+pub mod regions;
 mod streams;
 
 pub use age::first_newer_than;

@@ -10,6 +10,10 @@ use clap::Parser;
 use crate::http::auth::{parse_tokens, Auth};
 use crate::http::serve::HttpLimits;
 
+mod regions;
+
+use crate::regions::RegionSettings;
+
 /// Holds budget state from the aggregators' pushes and answers ad servers:
 /// may I bid on this ad, how hard, what is left.
 #[derive(Parser, Clone, Debug)]
@@ -134,6 +138,8 @@ pub struct Config {
     #[arg(long, env = env::PACER_LEASE_GRACE_MS, default_value_t = 60_000,
           value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
     pub(crate) lease_grace_ms: u64,
+    #[command(flatten)]
+    pub(crate) regions: regions::RegionArgs,
 }
 
 /// A setting whose value must never be printed: `Debug` shows its length.
@@ -177,6 +183,8 @@ pub(crate) struct Settings {
     pub(crate) http: HttpLimits,
     pub(crate) max_decision_ids: usize,
     pub(crate) alerts: crate::alerts::Settings,
+    /// One budget across regions; None: one region.
+    pub(crate) regions: Option<RegionSettings>,
 }
 
 /// Shortest webhook secret accepted, bytes.
@@ -230,6 +238,7 @@ impl Config {
                 webhook: self.webhook()?,
                 retention: std::time::Duration::from_millis(self.alerts_retention_ms),
             },
+            regions: self.regions.settings()?,
         })
     }
 

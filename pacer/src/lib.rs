@@ -10,6 +10,8 @@
 //! the dashboard, behind optional bearer tokens, with JSON errors, on
 //! listeners guarded against slow clients and greedy addresses.
 //! [`leases`] grants spend leases through the ledger all pacers share.
+//! [`regions`], with ADSPEND_REGION set, splits each budget among the
+//! regions of a deployment and caps this region's grants at its allotment.
 //! [`alerts`] announces budget alerts from the held spend, follows them for
 //! `/v1/alerts` and delivers them to the optional webhook.
 
@@ -20,6 +22,7 @@ pub mod http;
 mod input;
 mod leases;
 pub mod pacing;
+pub mod regions;
 pub(crate) mod telemetry;
 
 use std::net::SocketAddr;
@@ -115,16 +118,37 @@ pub async fn run(
         algorithm: config.algorithm,
         ..pacing::SpendState::default()
     }));
+    let regions = settings.regions.as_ref().map(regions::Regions::new);
     let leases = leases::start(
         client.clone(),
         config.streams.replicas(),
         config.lease_grace_ms as i64,
-        spend.clone(),
-        catalog.clone(),
+        leases::Inputs {
+            spend: spend.clone(),
+            catalog: catalog.clone(),
+            regions: regions.clone(),
+        },
         &tasks,
         shutdown.clone(),
     )
     .await;
+    if let (Some(book), Some(region_settings)) = (&regions, &settings.regions) {
+        let start = regions::Start {
+            client: client.clone(),
+            replicas: config.streams.replicas(),
+            settings: region_settings.clone(),
+            spend: spend.clone(),
+            catalog: catalog.clone(),
+            held: {
+                let leases = leases.clone();
+                Box::new(move |read| {
+                    let ledger = leases.ledger();
+                    read(&|limit| ledger.held(limit));
+                })
+            },
+        };
+        regions::start(book, start, &tasks, shutdown.clone()).await?;
+    }
     tasks.spawn(input::ingest::run(
         client.clone(),
         pushes,
@@ -188,6 +212,7 @@ pub async fn run(
             alerts,
             max_decision_ids: settings.max_decision_ids,
             leases: Some(leases),
+            regions,
         },
         settings.auth.clone(),
     );

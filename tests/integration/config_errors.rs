@@ -203,6 +203,20 @@ async fn bad_settings_exit_64_naming_the_setting() {
             &[("ADSPEND_WORKER_THREADS", "many")],
             "ADSPEND_WORKER_THREADS",
         ),
+        (
+            "pacer",
+            &[("ADSPEND_REGION", "East"), ("ADSPEND_REGIONS", "East")],
+            "ADSPEND_REGION",
+        ),
+        (
+            "pacer",
+            &[
+                ("ADSPEND_REGION", "east"),
+                ("ADSPEND_REGIONS", "west,south"),
+            ],
+            "ADSPEND_REGIONS",
+        ),
+        ("pacer", &[("ADSPEND_REGIONS", "east")], "ADSPEND_REGIONS"),
     ] {
         let line = fails_with(&p, service, extra, EXIT_BAD_SETTING, expected).await;
         assert!(line.contains("invalid setting"), "{line}");
@@ -238,6 +252,12 @@ async fn bad_settings_exit_64_naming_the_setting() {
             "ADSPEND_PACER_MAX_CONNECTIONS",
             "0",
             "--max-connections",
+        ),
+        (
+            "pacer",
+            "ADSPEND_REGION_REPORT_INTERVAL_MS",
+            "10",
+            "--region-report-interval-ms",
         ),
     ] {
         let line = fails_with(

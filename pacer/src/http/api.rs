@@ -121,8 +121,9 @@ fn finish<S: Clone + Send + Sync + 'static>(router: Router<S>) -> Router<S> {
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
 }
 
-/// The limit's spend in flight under leases, and its overspend bound
-/// raised by one event beyond each of its live grants.
+/// The limit's spend in flight under leases, its overspend bound
+/// raised by one event beyond each of its live grants, and, across
+/// regions, its global spend and every region's part.
 fn with_leased(mut view: LimitView, app: &AppState) -> LimitView {
     if let Some(leases) = &app.leases {
         let (held, live) = leases.held_and_live(&view.limit_id);
@@ -131,7 +132,12 @@ fn with_leased(mut view: LimitView, app: &AppState) -> LimitView {
             .overspend_bound_micros
             .saturating_add(live.saturating_mul(view.max_cost_micros));
     }
-    view
+    match &app.regions {
+        Some(regions) => {
+            crate::regions::view::with_regions(view, &regions.book(), adspend_common::now_ms())
+        }
+        None => view,
+    }
 }
 
 async fn get_limit(State(app): State<AppState>, ApiPath(limit_id): ApiPath<String>) -> Response {

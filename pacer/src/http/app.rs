@@ -21,4 +21,6 @@ pub struct AppState {
     pub max_decision_ids: usize,
     /// The spend leases; `None` only in tests that need no NATS.
     pub leases: Option<crate::leases::Leases>,
+    /// The allotments across regions; `None` in one region.
+    pub regions: Option<crate::regions::Regions>,
 }

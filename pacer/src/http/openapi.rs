@@ -209,6 +209,7 @@ mod tests {
             alerts: Default::default(),
             max_decision_ids: 1_000,
             leases: None,
+            regions: None,
         };
         let auth = Auth::new(vec![READ.into()], vec![DECIDE.into()]);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

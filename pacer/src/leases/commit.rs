@@ -37,6 +37,8 @@ pub(super) struct Committer {
     pub(super) spend: Arc<RwLock<SpendState>>,
     pub(super) catalog: watch::Receiver<Arc<Catalog>>,
     pub(super) pacer: String,
+    /// The allotments across regions; None in one region.
+    pub(super) regions: Option<crate::regions::Regions>,
 }
 
 /// The one committer: takes every queued request, plans them against the
@@ -90,6 +92,9 @@ impl Committer {
         let mut races: u32 = 0;
         while Instant::now() < deadline {
             let (expected, grants) = self.plan(batch).await;
+            // Across regions the grants are out of the allotment's room
+            // from now until the ledger holds them (or they fail).
+            let planned = grants.clone();
             let sizes: Vec<usize> = batch.iter().map(|q| q.asks.len()).collect();
             let releases: Vec<Release> = batch
                 .iter()
@@ -115,14 +120,15 @@ impl Committer {
             };
             match acked {
                 Ok(ack) => {
-                    self.ledger
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .fold(ack.sequence, &record);
+                    let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
+                    ledger.fold(ack.sequence, &record);
+                    self.unpend(&planned);
+                    drop(ledger);
                     self.count(&record.grants);
                     return Ok(answers(&sizes, record.grants, Some(ack.sequence)));
                 }
                 Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
+                    self.unpend(&planned);
                     metrics::counter!(LEASE_COMMIT_RACES_TOTAL).increment(1);
                     self.catch_up(expected).await?;
                     races += 1;
@@ -133,7 +139,10 @@ impl Committer {
                         tokio::time::sleep(jitter(races)).await;
                     }
                 }
-                Err(e) => return Err(Unavailable(format!("write to {LEASES_STREAM}: {e}"))),
+                Err(e) => {
+                    self.unpend(&planned);
+                    return Err(Unavailable(format!("write to {LEASES_STREAM}: {e}")));
+                }
             }
         }
         Err(Unavailable(format!(
@@ -154,8 +163,19 @@ impl Committer {
             .iter()
             .flat_map(|q| q.asks.iter().map(|a| (a, q.expires_at_ms)))
             .collect();
-        let planned = plan::plan(&catalog, &spend, &ledger, &asks, now);
+        let mut book = self.regions.as_ref().map(|r| r.book());
+        let planned = plan::plan(&catalog, &spend, &ledger, book.as_deref_mut(), &asks, now);
+        if let Some(book) = book.as_deref_mut() {
+            book.add_pending(pending(&planned));
+        }
         (ledger.folded_seq(), planned)
+    }
+
+    /// The grants planned are in the ledger, or will never be.
+    fn unpend(&self, planned: &[Grant]) {
+        if let Some(regions) = &self.regions {
+            regions.book().remove_pending(pending(planned));
+        }
     }
 
     /// Wait until the ledger has folded past `expected` (the commit that
@@ -189,6 +209,14 @@ impl Committer {
         metrics::counter!(LEASE_REFUSALS_TOTAL, "reason" => "nothing_left")
             .increment((grants.len() - given.len()) as u64);
     }
+}
+
+/// Each grant's micros on each limit it holds.
+fn pending(grants: &[Grant]) -> impl Iterator<Item = (&str, u64)> {
+    grants
+        .iter()
+        .filter(|g| g.micros > 0)
+        .flat_map(|g| g.limits.iter().map(move |l| (l.as_str(), g.micros)))
 }
 
 /// A random pause up to 0.5 ms for each race lost in a row (at most 8 ms).

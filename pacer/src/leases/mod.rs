@@ -208,6 +208,14 @@ impl Leases {
     }
 }
 
+/// What grants are planned against besides the ledger.
+pub(crate) struct Inputs {
+    pub(crate) spend: Arc<RwLock<SpendState>>,
+    pub(crate) catalog: watch::Receiver<Arc<Catalog>>,
+    /// The allotments across regions; None in one region.
+    pub(crate) regions: Option<crate::regions::Regions>,
+}
+
 /// Start the ledger: create the stream if missing, follow it, and commit
 /// grants. A pacer whose NATS user may not use the stream still serves
 /// everything else; its lease requests are answered 503 until it can.
@@ -215,11 +223,15 @@ pub(crate) async fn start(
     client: async_nats::Client,
     replicas: usize,
     grace_ms: i64,
-    spend: Arc<RwLock<SpendState>>,
-    catalog: watch::Receiver<Arc<Catalog>>,
+    inputs: Inputs,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) -> Leases {
+    let Inputs {
+        spend,
+        catalog,
+        regions,
+    } = inputs;
     adspend_common::telemetry::describe(DESCRIPTIONS, crate::telemetry::HISTOGRAMS);
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let folded = Arc::new(Notify::new());
@@ -241,6 +253,7 @@ pub(crate) async fn start(
         spend,
         catalog,
         pacer: instance_name(),
+        regions,
     };
     tasks.spawn(commit::commit(committer, queued, shutdown));
     Leases {

@@ -34,8 +34,9 @@ pub use state::SpendState;
 pub(crate) use tick::stale_limits;
 pub use tick::tick;
 pub(crate) use verdict::decide_counted;
+pub(crate) use verdict::period_spend;
 pub use verdict::{decide, verdict, Decision, Verdict};
-pub(crate) use view::{view, LimitView};
+pub(crate) use view::{view, LimitView, RegionPart};
 
 #[cfg(test)]
 mod loop_tests;

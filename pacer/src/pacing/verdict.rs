@@ -19,7 +19,7 @@ pub(super) fn elapsed_fraction(limit: &Limit, now: DateTime<Utc>) -> Option<(f64
 }
 
 /// Spend in the current period.
-pub(super) fn period_spend(limit: &Limit, sums: Option<&LimitSums>, now: DateTime<Utc>) -> u64 {
+pub(crate) fn period_spend(limit: &Limit, sums: Option<&LimitSums>, now: DateTime<Utc>) -> u64 {
     match limit.period {
         Period::Lifetime => sums.map_or(0, |s| s.lifetime_micros),
         Period::Daily => {

@@ -42,6 +42,26 @@ pub(crate) struct LimitView {
     /// grant can add).
     #[serde(skip)]
     pub(crate) max_cost_micros: u64,
+    /// This region's share of the budget (with ADSPEND_REGION only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) allotment_micros: Option<u64>,
+    /// Every region's part (with ADSPEND_REGION only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) regions: Option<std::collections::BTreeMap<String, RegionPart>>,
+}
+
+/// One region's part of a limit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub(crate) struct RegionPart {
+    pub(crate) spend_micros: u64,
+    pub(crate) lifetime_spend_micros: u64,
+    /// The region's allotment as it computed it at its last report (this
+    /// region's: now).
+    pub(crate) allotment_micros: u64,
+    pub(crate) leased_micros: u64,
+    /// When the region's figures were taken, by its clock; null for a
+    /// region not heard in this period.
+    pub(crate) as_of_ms: Option<i64>,
 }
 
 fn rfc3339(t: DateTime<Utc>) -> String {
@@ -82,6 +102,8 @@ pub(crate) fn view(limit: &Limit, state: &SpendState, now: DateTime<Utc>) -> Lim
             .limits
             .get(&*limit.id)
             .map_or(0, |s| s.max_cost.max(s.avg_cost.ceil() as u64)),
+        allotment_micros: None,
+        regions: None,
     }
 }
 

@@ -63,6 +63,7 @@ pub(crate) async fn start_with(
         alerts: Default::default(),
         max_decision_ids,
         leases: None,
+        regions: None,
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -8,7 +8,9 @@
 //! `scratch` owns the temporary directories, `process` owns one child process
 //! (signals, logs, cleanup), `server` gives every server kind one lifecycle
 //! ([`Server`]: kill, stop, pause, restart), `nats` / `etcd` / `s3` / `redis`
-//! add what is particular to each kind, `tls` makes throwaway CAs and
+//! add what is particular to each kind, `regions` links three JetStream
+//! domains through a cluster of hubs whose routes `route_proxy` can cut
+//! ([`RegionsNats`]), `tls` makes throwaway CAs and
 //! certificates, `service` runs the workspace's
 //! binaries and `wait` holds the polling helpers every readiness check goes
 //! through.
@@ -25,6 +27,8 @@ pub mod pipeline;
 mod ports;
 mod process;
 mod redis;
+mod regions;
+mod route_proxy;
 mod s3;
 mod scratch;
 mod server;
@@ -38,6 +42,7 @@ pub use nats::{NatsOptions, NatsServer};
 pub use nix::sys::signal::Signal;
 pub use ports::free_port;
 pub use redis::RedisServer;
+pub use regions::{Hub, HubSpec, RegionsNats, REGION_NAMES};
 pub use s3::S3Server;
 pub use server::Server;
 pub use service::{service_binary, ServiceBuilder, ServiceProcess};

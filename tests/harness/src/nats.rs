@@ -26,6 +26,10 @@ pub struct NatsOptions {
     /// Appended verbatim to the generated config file, for settings only a
     /// few tests need (limits, accounts).
     pub extra_config: String,
+    /// The JetStream domain this server serves (`jetstream { domain }`), so
+    /// that servers linked by leaf nodes reach each other's JetStream as
+    /// `$JS.<domain>.API`.
+    pub jetstream_domain: Option<String>,
 }
 
 /// A JetStream-enabled `nats-server` on free loopback ports, with its store
@@ -113,6 +117,10 @@ impl NatsSpec {
         } else {
             "  sync_interval: always\n"
         };
+        let domain = match &self.options.jetstream_domain {
+            Some(domain) => format!("  domain: {domain:?}\n"),
+            None => String::new(),
+        };
         // Paths are written as quoted strings; Debug formatting escapes
         // quotes and backslashes the way nats-server's parser expects.
         format!(
@@ -120,7 +128,7 @@ impl NatsSpec {
              listen: \"127.0.0.1:{port}\"\n\
              http: \"127.0.0.1:{monitor}\"\n\
              max_payload: 8MB\n\
-             jetstream {{\n  store_dir: {store:?}\n{sync}}}\n\
+             jetstream {{\n  store_dir: {store:?}\n{domain}{sync}}}\n\
              {extra}\n",
             name = self.server_name,
             port = self.port,

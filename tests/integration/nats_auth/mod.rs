@@ -502,3 +502,46 @@ async fn a_service_on_an_open_nats_says_so_and_one_with_its_user_does_not() {
     let log = limiter.log_tail(10_000);
     assert!(!log.contains(OPEN_NATS_WARNING), "{log}");
 }
+
+/// A pacer of a region with the pacer's own user (docs/REGIONS.md): it
+/// creates its region's `REGIONS` with a source for its peer, publishes and
+/// reads its reports, and probes the unlinked peer, without a refused call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_pacer_with_its_user_reports_without_a_refused_call() {
+    let auth = Auth::generate();
+    let p = Pipeline::start_with(
+        Backends::default(),
+        auth.nats_options(),
+        crate::regions_pacer::catalog(),
+    )
+    .await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut env = auth.env("pacer");
+    env.extend([
+        ("ADSPEND_PACER_ADDR", addr.clone()),
+        ("ADSPEND_REGION", "east".to_string()),
+        ("ADSPEND_REGIONS", "east,west".to_string()),
+    ]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut pacer = p.spawn_with("pacer", free_port(), &env);
+    pacer
+        .wait_for_log(
+            "this pacer publishes its region's reports",
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("the pacer publishes east's reports");
+    // The publisher probes west (no such domain here: unlinked) every 2 s.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let view = crate::leases::limit(&addr, "global").await;
+    assert!(
+        view["allotment_micros"].as_u64().is_some(),
+        "east's book never read its stream: {view}"
+    );
+    let log = pacer.log_tail(400);
+    assert!(
+        !log.contains("NATS permission denied"),
+        "a refused call:\n{log}"
+    );
+    assert!(!log.contains("region reports interrupted"), "{log}");
+}
