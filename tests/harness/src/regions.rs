@@ -8,8 +8,10 @@
 //! direction and pair of hubs, so [`RegionsNats::cut`] can sever one
 //! region's hub from the others while the region's leaf link stays up.
 //! The hubs advertise no route, client or leaf address that bypasses the
-//! proxies: without that a cut hub's peers, or a cut region's leaf, would
-//! find another way round within a second and the cut would do nothing.
+//! proxies: a region's leaf node that knows another hub's leaf port
+//! reconnects there within a second of its own hub being cut (seen when
+//! the hubs advertised them), and a hub that learned another's real route
+//! address could dial it around the proxy.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
