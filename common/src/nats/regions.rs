@@ -34,6 +34,21 @@ pub const LINKED_WITHIN: Duration = Duration::from_secs(5);
 
 const SUBJECT_PREFIX: &str = "adspend.regions";
 
+/// What stays inside a region: every subject its pipeline uses on its own
+/// NATS, and its JetStream API under the plain prefix. A region's leaf link
+/// to its hub neither sends nor takes them (its leaf remote's
+/// `deny_exports` and `deny_imports`; docs/REGIONS.md), or one region's
+/// pacer would read another's sum pushes and lease commits as its own.
+/// What crosses is a source's traffic: requests to `$JS.<peer>.API` and
+/// the deliveries they set up.
+pub const REGION_LOCAL_SUBJECTS: [&str; 5] = [
+    "impressions.>",
+    "spend.>",
+    "deadletter.>",
+    "adspend.>",
+    "$JS.API.>",
+];
+
 /// Where `region` publishes its reports: `adspend.regions.<region>`.
 pub fn region_report_subject(region: &RegionName) -> String {
     format!("{SUBJECT_PREFIX}.{region}")

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use adspend_common::nats::regions::REGION_LOCAL_SUBJECTS;
 use anyhow::{ensure, Context};
 use tempfile::TempDir;
 
@@ -211,12 +212,16 @@ fn index(region: &str) -> usize {
         .unwrap_or_else(|| panic!("no region {region:?}; the regions are {REGION_NAMES:?}"))
 }
 
-/// A region's JetStream server: its own domain, a leaf node of its hub.
+/// A region's JetStream server: its own domain, a leaf node of its hub
+/// that lets none of the region's own subjects through
+/// ([`REGION_LOCAL_SUBJECTS`]).
 fn region_options(region: &str, hub: &Hub) -> NatsOptions {
+    let local = REGION_LOCAL_SUBJECTS.map(|s| format!("{s:?}")).join(", ");
     NatsOptions {
         jetstream_domain: Some(region.to_string()),
         extra_config: format!(
-            "leafnodes {{\n  remotes: [ {{ url: \"nats-leaf://127.0.0.1:{}\" }} ]\n}}\n",
+            "leafnodes {{\n  remotes: [ {{\n    url: \"nats-leaf://127.0.0.1:{}\"\n    \
+             deny_exports: [ {local} ]\n    deny_imports: [ {local} ]\n  }} ]\n}}\n",
             hub.spec().leaf_port
         ),
         ..NatsOptions::default()
