@@ -1,9 +1,11 @@
 //! The links between regions (docs/REGIONS.md): three regions on
 //! [`RegionsNats`], each with its `REGIONS` stream sourcing the other two.
-//! Every region hears every region's latest report; a cut region keeps
-//! writing and reading its own stream while the others stop hearing it,
-//! and everything catches up once it heals; so it does after a regional
-//! JetStream server restart and a hub restart.
+//! Every region hears every region's latest report, and no region's
+//! pipeline subjects reach another; a cut region keeps writing and
+//! reading its own stream while the others stop hearing it, and
+//! everything catches up once it heals; so it does after a regional
+//! JetStream server restart (left to JetStream, then with
+//! `resume_stalled_sources`) and a hub restart.
 //!
 //! Catch-up times are printed, not asserted (docs/REGIONS.md, "Links:
 //! measured", says how to see them).

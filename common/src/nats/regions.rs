@@ -380,6 +380,38 @@ mod tests {
     }
 
     #[test]
+    fn every_pipeline_subject_stays_in_its_region() {
+        use crate::nats::*;
+        // Whether a subject (or a filter's literal part) falls under one
+        // of the region's own patterns, all of the form `prefix.>`.
+        let local = |subject: &str| {
+            REGION_LOCAL_SUBJECTS.iter().any(|pattern| {
+                let prefix = pattern.strip_suffix('>').expect("a `prefix.>` pattern");
+                subject.starts_with(prefix)
+            })
+        };
+        for subject in [
+            IMPRESSIONS_SUBJECTS,
+            SPEND_SUBJECTS,
+            SPEND_TRIMS_SUBJECTS,
+            DEADLETTER_SUBJECTS,
+            ALERTS_SUBJECTS,
+            SUMS_SUBJECT_PREFIX,
+            SUMS_RESYNC_SUBJECT,
+            SOURCES_SUBJECT,
+            PROGRESS_SUBJECT_PREFIX,
+            crate::dedupe_window::SUBJECT_PREFIX,
+            "$JS.API.STREAM.INFO.SPEND",
+        ] {
+            assert!(local(subject), "{subject} would cross between regions");
+        }
+        assert!(!local(&format!(
+            "{}.INFO",
+            region_api_prefix(&name("west"))
+        )));
+    }
+
+    #[test]
     fn a_mismatch_names_the_regions_found() {
         assert_eq!(
             regions_of(&["adspend.regions.west".into(), "other.x".into()]),
