@@ -1,9 +1,11 @@
 //! The links between regions (docs/REGIONS.md): three regions on
 //! [`RegionsNats`], each with its `REGIONS` stream sourcing the other two.
-//! Every region hears every region's latest report; a cut region keeps
-//! writing and reading its own stream while the others stop hearing it,
-//! and everything catches up once it heals; so it does after a regional
-//! JetStream server restart and a hub restart.
+//! Every region hears every region's latest report, and no region's
+//! pipeline subjects reach another; a cut region keeps writing and
+//! reading its own stream while the others stop hearing it, and
+//! everything catches up once it heals; so it does after a regional
+//! JetStream server restart (left to JetStream, then with
+//! `resume_stalled_sources`) and a hub restart.
 //!
 //! Catch-up times are printed, not asserted (docs/REGIONS.md, "Links:
 //! measured", says how to see them).
@@ -21,6 +23,7 @@ use adspend_harness::{wait_until_ok, RegionsNats, REGION_NAMES};
 use adspend_wire::regions::{RegionName, RegionReport};
 use anyhow::{ensure, Context};
 use async_nats::jetstream::{self, stream};
+use futures::StreamExt;
 use tokio::time::Instant;
 
 /// Reports the cut region publishes while it is cut off.
@@ -217,6 +220,7 @@ async fn regions_hear_each_other_through_cuts_and_restarts() -> anyhow::Result<(
         region.publish(1).await?;
     }
     catch_up(&regions, "first reports everywhere", start).await?;
+    pipeline_subjects_stay_in_their_region(&nats).await?;
     for name in REGION_NAMES {
         wait_links(&regions, name, true).await?;
     }
@@ -357,4 +361,61 @@ fn start_resumers(regions: &[Region]) -> (tokio::task::JoinSet<()>, Arc<AtomicUs
         });
     }
     (resumers, resumed)
+}
+
+/// Core traffic crosses from east to west (a control subject), but none of
+/// east's pipeline subjects do: published before a second control message,
+/// on the same path, they would be in before it.
+async fn pipeline_subjects_stay_in_their_region(nats: &RegionsNats) -> anyhow::Result<()> {
+    const CONTROL: &str = "regions-test.control";
+    let local = [
+        "impressions.exchange-a",
+        "spend.0",
+        "deadletter.bad",
+        "adspend.sums.p0",
+        "adspend.leases",
+    ];
+    let east = async_nats::connect(nats.url("east")).await?;
+    let west = async_nats::connect(nats.url("west")).await?;
+    let mut control = west.subscribe(CONTROL).await?;
+    let mut leaks = Vec::new();
+    for subject in local {
+        leaks.push(west.subscribe(subject).await?);
+    }
+    west.flush().await?;
+    // West's interest takes a moment to reach east.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        east.publish(CONTROL, "probe".into()).await?;
+        east.flush().await?;
+        if tokio::time::timeout(Duration::from_millis(200), control.next())
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no core message crossed from east to west"
+        );
+    }
+    for subject in local {
+        east.publish(subject, "from east".into()).await?;
+    }
+    east.publish(CONTROL, "after".into()).await?;
+    east.flush().await?;
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(5), control.next())
+            .await
+            .context("the control message after east's pipeline subjects")?
+            .context("control subscription closed")?;
+        if message.payload.as_ref() == b"after" {
+            break;
+        }
+    }
+    for (subject, leak) in local.iter().zip(&mut leaks) {
+        let leaked = tokio::time::timeout(Duration::from_millis(50), leak.next()).await;
+        assert!(leaked.is_err(), "east's {subject} reached west: {leaked:?}");
+    }
+    Ok(())
 }

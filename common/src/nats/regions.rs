@@ -34,6 +34,21 @@ pub const LINKED_WITHIN: Duration = Duration::from_secs(5);
 
 const SUBJECT_PREFIX: &str = "adspend.regions";
 
+/// What stays inside a region: every subject its pipeline uses on its own
+/// NATS, and its JetStream API under the plain prefix. A region's leaf link
+/// to its hub neither sends nor takes them (its leaf remote's
+/// `deny_exports` and `deny_imports`; docs/REGIONS.md), or one region's
+/// pacer would read another's sum pushes and lease commits as its own.
+/// What crosses is a source's traffic: requests to `$JS.<peer>.API` and
+/// the deliveries they set up.
+pub const REGION_LOCAL_SUBJECTS: [&str; 5] = [
+    "impressions.>",
+    "spend.>",
+    "deadletter.>",
+    "adspend.>",
+    "$JS.API.>",
+];
+
 /// Where `region` publishes its reports: `adspend.regions.<region>`.
 pub fn region_report_subject(region: &RegionName) -> String {
     format!("{SUBJECT_PREFIX}.{region}")
@@ -362,6 +377,38 @@ mod tests {
         assert!(state(Some(LINKED_WITHIN)).is_linked());
         assert!(!state(Some(Duration::from_secs(6))).is_linked());
         assert!(!state(None).is_linked());
+    }
+
+    #[test]
+    fn every_pipeline_subject_stays_in_its_region() {
+        use crate::nats::*;
+        // Whether a subject (or a filter's literal part) falls under one
+        // of the region's own patterns, all of the form `prefix.>`.
+        let local = |subject: &str| {
+            REGION_LOCAL_SUBJECTS.iter().any(|pattern| {
+                let prefix = pattern.strip_suffix('>').expect("a `prefix.>` pattern");
+                subject.starts_with(prefix)
+            })
+        };
+        for subject in [
+            IMPRESSIONS_SUBJECTS,
+            SPEND_SUBJECTS,
+            SPEND_TRIMS_SUBJECTS,
+            DEADLETTER_SUBJECTS,
+            ALERTS_SUBJECTS,
+            SUMS_SUBJECT_PREFIX,
+            SUMS_RESYNC_SUBJECT,
+            SOURCES_SUBJECT,
+            PROGRESS_SUBJECT_PREFIX,
+            crate::dedupe_window::SUBJECT_PREFIX,
+            "$JS.API.STREAM.INFO.SPEND",
+        ] {
+            assert!(local(subject), "{subject} would cross between regions");
+        }
+        assert!(!local(&format!(
+            "{}.INFO",
+            region_api_prefix(&name("west"))
+        )));
     }
 
     #[test]

@@ -8,8 +8,10 @@
 //! direction and pair of hubs, so [`RegionsNats::cut`] can sever one
 //! region's hub from the others while the region's leaf link stays up.
 //! The hubs advertise no route, client or leaf address that bypasses the
-//! proxies: without that a cut hub's peers, or a cut region's leaf, would
-//! find another way round within a second and the cut would do nothing.
+//! proxies: a region's leaf node that knows another hub's leaf port
+//! reconnects there within a second of its own hub being cut (seen when
+//! the hubs advertised them), and a hub that learned another's real route
+//! address could dial it around the proxy.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -18,6 +20,7 @@ use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use adspend_common::nats::regions::REGION_LOCAL_SUBJECTS;
 use anyhow::{ensure, Context};
 use tempfile::TempDir;
 
@@ -209,12 +212,16 @@ fn index(region: &str) -> usize {
         .unwrap_or_else(|| panic!("no region {region:?}; the regions are {REGION_NAMES:?}"))
 }
 
-/// A region's JetStream server: its own domain, a leaf node of its hub.
+/// A region's JetStream server: its own domain, a leaf node of its hub
+/// that lets none of the region's own subjects through
+/// ([`REGION_LOCAL_SUBJECTS`]).
 fn region_options(region: &str, hub: &Hub) -> NatsOptions {
+    let local = REGION_LOCAL_SUBJECTS.map(|s| format!("{s:?}")).join(", ");
     NatsOptions {
         jetstream_domain: Some(region.to_string()),
         extra_config: format!(
-            "leafnodes {{\n  remotes: [ {{ url: \"nats-leaf://127.0.0.1:{}\" }} ]\n}}\n",
+            "leafnodes {{\n  remotes: [ {{\n    url: \"nats-leaf://127.0.0.1:{}\"\n    \
+             deny_exports: [ {local} ]\n    deny_imports: [ {local} ]\n  }} ]\n}}\n",
             hub.spec().leaf_port
         ),
         ..NatsOptions::default()
