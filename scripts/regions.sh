@@ -111,6 +111,7 @@ cmd_secrets() {
 # it is now (a grant added there reaches the next `start`).
 nats_configs() {
   local r peer routes
+  local local_subjects='["impressions.>", "spend.>", "deadletter.>", "adspend.>", "$JS.API.>"]'
   local leaf_subjects='["$JS.*.API.>", "$JSC.>", "$JS.S.>", "$JS.FC.>", "$JS.ACK.>", "_INBOX.>"]'
   for r in "${regions[@]}"; do
     {
@@ -136,6 +137,11 @@ leafnodes {
     {
       urls: ["tls://leaf:$(cat "$secrets/leaf.password")@hub-$r:7422"]
       account: ADSPEND
+      # The region's own subjects neither leave nor enter through the link
+      # (REGION_LOCAL_SUBJECTS in common/src/nats/regions.rs); the hub's
+      # leaf user allows only JetStream's subjects besides.
+      deny_exports: $local_subjects
+      deny_imports: $local_subjects
       tls {
         ca_file: "/secrets/ca.pem"
         cert_file: "/secrets/nats-server.pem"
