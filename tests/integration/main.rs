@@ -42,6 +42,7 @@ mod prometheus;
 mod recovery;
 mod regions_links;
 mod regions_pacer;
+mod regions_pacer_links;
 mod regions_stream;
 mod restart;
 mod retention;

@@ -54,6 +54,8 @@ pub(crate) type WithHeld = Box<dyn Fn(&mut dyn FnMut(&dyn Fn(&str) -> u64)) + Se
 pub(crate) const REGION_REPORT_AGE_SECONDS: &str = "adspend_pacer_region_report_age_seconds";
 pub(crate) const REGION_HEARD: &str = "adspend_pacer_region_heard";
 pub(crate) const REGION_REPORTS_TOTAL: &str = "adspend_pacer_region_reports_total";
+pub(crate) const REGION_LINK_UP: &str = "adspend_pacer_region_link_up";
+pub(crate) const REGION_LINK_LAG: &str = "adspend_pacer_region_link_lag_messages";
 
 pub(crate) const DESCRIPTIONS: &[(&str, &str)] = &[
     (
@@ -67,6 +69,14 @@ pub(crate) const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         REGION_REPORTS_TOTAL,
         "Reports of its region this pacer published.",
+    ),
+    (
+        REGION_LINK_UP,
+        "1 if this region's REGIONS stream heard from the region's source within 5 s (the link through NATS is up), else 0.",
+    ),
+    (
+        REGION_LINK_LAG,
+        "Reports of the region its REGIONS source had not yet copied when last heard (stays at its last value while the link is down).",
     ),
 ];
 

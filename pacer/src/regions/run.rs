@@ -25,7 +25,9 @@ use tokio_util::sync::CancellationToken;
 use super::book::{Book, Own};
 use super::stream;
 use super::{RegionSettings, WithHeld};
-use super::{REGION_HEARD, REGION_REPORTS_TOTAL, REGION_REPORT_AGE_SECONDS};
+use super::{
+    REGION_HEARD, REGION_LINK_LAG, REGION_LINK_UP, REGION_REPORTS_TOTAL, REGION_REPORT_AGE_SECONDS,
+};
 use crate::pacing::state::SpendState;
 
 /// A pacer that has read no report of its own region for this long
@@ -281,7 +283,8 @@ impl Runner {
     }
 }
 
-/// While this pacer publishes its region's reports, makes the links to
+/// Exports the state of each peer's link (its source in `REGIONS`) and,
+/// while this pacer publishes its region's reports, makes the links to
 /// peers that stalled (a cut of more than 10 s, a peer's server restarted)
 /// again at once rather than after JetStream's retry backoff
 /// (docs/REGIONS.md, "Topology"). Apart from the report loop: probing a
@@ -296,9 +299,6 @@ pub(super) async fn resume_links(
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(RESUME_EVERY) => {}
         }
-        if !publishing.load(Ordering::Relaxed) {
-            continue;
-        }
         let mut regions = match js.get_stream(stream::REGIONS_STREAM).await {
             Ok(regions) => regions,
             Err(e) => {
@@ -306,6 +306,20 @@ pub(super) async fn resume_links(
                 continue;
             }
         };
+        match stream::regions_sources(&mut regions).await {
+            Ok(sources) => {
+                for source in &sources {
+                    let label = source.region.to_string();
+                    metrics::gauge!(REGION_LINK_UP, "region" => label.clone())
+                        .set(f64::from(u8::from(source.is_linked())));
+                    metrics::gauge!(REGION_LINK_LAG, "region" => label).set(source.lag as f64);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "region links not read"),
+        }
+        if !publishing.load(Ordering::Relaxed) {
+            continue;
+        }
         match stream::resume_stalled_sources(&js, &mut regions).await {
             Ok(resumed) if !resumed.is_empty() => {
                 let resumed: Vec<&str> = resumed.iter().map(|r| r.as_str()).collect();

@@ -7,7 +7,9 @@ use adspend_common::nats::regions::{ensure_regions_stream, region_report_subject
 use adspend_wire::regions::RegionName;
 use async_nats::jetstream::{self, stream};
 
-pub(crate) use adspend_common::nats::regions::{resume_stalled_sources, REGIONS_STREAM};
+pub(crate) use adspend_common::nats::regions::{
+    regions_sources, resume_stalled_sources, REGIONS_STREAM,
+};
 
 /// The subject a region's pacer publishes its reports on.
 pub(crate) fn report_subject(region: &RegionName) -> String {
