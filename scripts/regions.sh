@@ -15,6 +15,8 @@
 #   scripts/regions.sh status         containers, and which hubs each hub routes to
 #   scripts/regions.sh logs [SERVICE...]  the last lines of the services' logs
 #   scripts/regions.sh down           stop everything and remove its containers, networks and volumes
+#   scripts/regions.sh test           build the images, then run the compose regions' test (links, a cut,
+#                                     a NATS server and a pacer restarted; about 3 minutes, not in CI)
 #
 # ADSPEND_REGIONS_PROJECT names the compose project (default adspendregions).
 # Certificates, passwords and the servers' configs are generated into deploy/.regions
@@ -356,8 +358,14 @@ case ${1:-} in
   status) cmd_status ;;
   logs) shift; compose logs --tail "${LINES:-50}" "$@" ;;
   down) cmd_down ;;
+  test)
+    cmd_images
+    say "cargo test regions_compose (its own project, adspendregionstest)"
+    cargo test -p adspend-tests --features adspend-tests/failpoints --test integration -- \
+      --ignored regions_compose --nocapture
+    ;;
   *)
-    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

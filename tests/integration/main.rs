@@ -40,6 +40,7 @@ mod pipeline;
 mod poison;
 mod prometheus;
 mod recovery;
+mod regions_compose;
 mod regions_links;
 mod regions_pacer;
 mod regions_pacer_links;
