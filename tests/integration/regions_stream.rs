@@ -139,3 +139,31 @@ async fn a_stream_shared_by_every_region_is_used_as_it_is() -> anyhow::Result<()
     }
     Ok(())
 }
+
+/// A `REGIONS` stream an earlier version made, keeping 16 reports per
+/// region (too few for a report in more than 16 parts), is brought to
+/// [`REPORTS_KEPT_PER_REGION`] at the next start, its reports kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_keeping_fewer_reports_is_raised_to_the_bound() -> anyhow::Result<()> {
+    let nats = NatsServer::start().await;
+    let js = jetstream(&nats).await?;
+    let east = region("east");
+    let mut old = ensure_regions_stream(&js, &east, &[region("west")], 1).await?;
+    let mut config = old.cached_info().config.clone();
+    config.max_messages_per_subject = 16;
+    js.update_stream(config).await?;
+    js.publish(region_report_subject(&east), "kept".into())
+        .await?
+        .await?;
+    assert_eq!(old.info().await?.config.max_messages_per_subject, 16);
+
+    let mut again = ensure_regions_stream(&js, &east, &[region("west")], 1).await?;
+    let info = again.info().await?;
+    assert_eq!(
+        info.config.max_messages_per_subject,
+        REPORTS_KEPT_PER_REGION
+    );
+    assert_eq!(sources(&info.config), vec![source_of("west")]);
+    assert_eq!(info.state.messages, 1, "the reports were kept");
+    Ok(())
+}

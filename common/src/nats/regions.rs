@@ -19,9 +19,19 @@ use crate::error::{Error, Result};
 /// The stream holding this region's reports and, sourced, its peers'.
 pub const REGIONS_STREAM: &str = "REGIONS";
 
-/// Reports kept per region: the newest is what counts, a few more make a
-/// late reader's catch-up cheap without letting the stream grow.
-pub const REPORTS_KEPT_PER_REGION: i64 = 16;
+/// Report messages kept per region (per subject). A region's report is
+/// published in parts of [`adspend_wire::regions::MAX_REPORT_LIMITS`]
+/// limits, all on one subject, and a reader starting from the stream (a
+/// pacer restoring its own `given` counters, a peer after a cut) needs the
+/// newest whole round of parts: 1,024 messages hold two whole rounds of a
+/// catalog of up to 102,400 limits (512 parts), so one interrupted round
+/// still leaves a whole one. The stream's size is bounded by it: regions ×
+/// 1,024 messages of at most one part each. A larger catalog is warned
+/// about by the pacer ([`REPORT_PARTS_KEPT_WHOLE`]).
+pub const REPORTS_KEPT_PER_REGION: i64 = 1024;
+
+/// Parts of one report round the stream keeps two whole rounds of.
+pub const REPORT_PARTS_KEPT_WHOLE: usize = (REPORTS_KEPT_PER_REGION / 2) as usize;
 
 /// The subjects of a stream that every region shares (one NATS for all of
 /// them: a development or test topology).
@@ -118,11 +128,16 @@ pub async fn ensure_regions_stream(
             found: regions_of(&config.subjects),
         });
     }
-    if source_keys(&config) == source_keys(&wanted) {
+    if source_keys(&config) == source_keys(&wanted)
+        && config.max_messages_per_subject == wanted.max_messages_per_subject
+    {
         return Ok(stream);
     }
+    // The peer set changed, or an earlier version made the stream keeping
+    // fewer reports per region.
     let mut updated = config;
     updated.sources = wanted.sources;
+    updated.max_messages_per_subject = wanted.max_messages_per_subject;
     js.update_stream(updated.clone())
         .await
         .map_err(Error::jetstream(format!(

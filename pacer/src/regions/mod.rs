@@ -158,6 +158,7 @@ pub(crate) async fn start(
         catalog: start.catalog,
         held: start.held,
         shutdown,
+        warned_parts: std::sync::atomic::AtomicBool::new(false),
     };
     tasks.spawn(runner.run());
     Ok(())

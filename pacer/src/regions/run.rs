@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use adspend_common::nats::regions::REPORT_PARTS_KEPT_WHOLE;
 use adspend_wire::catalog::Catalog;
 use adspend_wire::regions::{RegionName, RegionReport};
 use async_nats::jetstream::{self, consumer, context::PublishErrorKind};
@@ -52,6 +53,8 @@ pub(super) struct Runner {
     pub(super) shutdown: CancellationToken,
     /// This pacer publishes its region's reports (for [`resume_links`]).
     pub(super) publishing: Arc<AtomicBool>,
+    /// A report took more parts than `REGIONS` keeps whole (warned once).
+    pub(super) warned_parts: AtomicBool,
 }
 
 /// What one pass of the loop knows of the region's subject.
@@ -195,6 +198,15 @@ impl Runner {
         }
         let (seq, entries) = self.next_report().await;
         let parts = RegionReport::split(&self.settings.region, seq, now_ms, entries);
+        if parts.len() > REPORT_PARTS_KEPT_WHOLE && !self.warned_parts.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                parts = parts.len(),
+                kept_whole = REPORT_PARTS_KEPT_WHOLE,
+                "this region's report takes more parts than REGIONS keeps two whole rounds of: \
+                 a pacer restarting may not find all of its own counters (docs/REGIONS.md)"
+            );
+        }
         adspend_common::failpoint::hit(BEFORE_REGION_REPORT);
         let mut expected = subject.last_seq;
         for part in parts {
