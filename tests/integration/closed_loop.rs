@@ -136,9 +136,14 @@ async fn servers_that_ask_stop_serving_exhausted_limits_and_stay_exact() {
         .iter()
         .filter_map(|(id, s)| s.seen_exhausted.map(|t| (id.as_str(), t)))
         .collect();
-    for id in ["adset-1", "adset-2", "campaign-1", "adset-4", "adset-5"] {
+    for id in ["adset-1", "campaign-1", "adset-4", "adset-5"] {
         assert!(stopped.contains_key(id), "{id} was never seen exhausted");
     }
+    // adset-2 (30.5 events) is not required to run out itself: when its
+    // pacing slows it near its budget while adset-3 (200.5) is served on,
+    // campaign-1 (100.5), asserted above, runs out first and stops its ads
+    // (seen once on a loaded machine). Either way the check below holds
+    // every ad to the instant any limit above it was seen exhausted.
     assert!(!stopped.contains_key("adset-6") && !stopped.contains_key("account-1"));
     for (ad, limits) in &p.catalog.ads {
         let record = &outcome.ads[ad];
